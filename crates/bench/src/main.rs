@@ -1,0 +1,34 @@
+//! `dedupwire-bench`: dedupwire and its peers side by side in one run, printing ratios.
+//!
+//! Run everything with `bench/run.sh`; each subcommand is one benchmark family.
+
+use clap::{Parser, Subcommand};
+
+mod chunking;
+mod delta;
+mod reduction;
+
+#[derive(Parser)]
+#[command(about = "dedupwire benchmarks: ours vs peers in the same run")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Chunking and hashing throughput (ours vs the fastcdc crate vs memory bandwidth).
+    Chunking(chunking::Args),
+    /// Delta encode/decode speed and size (ours vs zstd-ref vs xdelta3 -9 vs zstd --patch-from).
+    Delta(delta::Args),
+    /// Reduction on document streams and package releases (zstd, exact CDC, similarity+delta, oracle).
+    Reduction(reduction::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Chunking(a) => chunking::run(&a),
+        Cmd::Delta(a) => delta::run(&a),
+        Cmd::Reduction(a) => reduction::run(&a),
+    }
+}

@@ -1,0 +1,147 @@
+//! Compression of residual bytes (literals and delta instructions), per batch.
+//!
+//! Small items compress badly alone, so callers gather a batch (the pipeline, a frame, a pack)
+//! and compress it once. zstd is the default; lz4 is for links where the CPU is the bottleneck.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// A compression method and level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "level", rename_all = "snake_case")]
+pub enum Compression {
+    /// Bytes are stored as they are.
+    None,
+    /// zstd at the given level (1..=22, negative for the fast levels).
+    Zstd(i32),
+    /// lz4 block format (frame-less; the length is stored by the caller's format).
+    Lz4,
+}
+
+impl Compression {
+    /// The one-byte tag a format stores to name this method.
+    pub fn tag(&self) -> u8 {
+        match self {
+            Compression::None => 0,
+            Compression::Zstd(_) => 1,
+            Compression::Lz4 => 2,
+        }
+    }
+
+    /// Compresses `data` and appends the result to `out`.
+    pub fn compress_into(&self, data: &[u8], out: &mut Vec<u8>) {
+        match *self {
+            Compression::None => out.extend_from_slice(data),
+            Compression::Zstd(level) => out.extend_from_slice(
+                &zstd::bulk::compress(data, level).expect("levels are checked when parsed"),
+            ),
+            Compression::Lz4 => out.extend_from_slice(&lz4_flex::block::compress(data)),
+        }
+    }
+
+    /// Compresses `data` into a new buffer.
+    pub fn compress(&self, data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.compress_into(data, &mut out);
+        out
+    }
+
+    /// Decompresses a buffer made by [`Compression::compress`] with method tag `tag`, whose
+    /// original length is exactly `len` (stored by the caller's format, bounded by it).
+    pub fn decompress(tag: u8, data: &[u8], len: usize) -> Result<Vec<u8>> {
+        let out = match tag {
+            0 => data.to_vec(),
+            1 => zstd::bulk::decompress(data, len)
+                .map_err(|e| Error::corrupt("zstd block", 0, e.to_string()))?,
+            2 => lz4_flex::block::decompress(data, len)
+                .map_err(|e| Error::corrupt("lz4 block", 0, e.to_string()))?,
+            t => {
+                return Err(Error::corrupt(
+                    "compressed block",
+                    0,
+                    format!("unknown method tag {t}"),
+                ))
+            }
+        };
+        if out.len() != len {
+            return Err(Error::corrupt(
+                "compressed block",
+                0,
+                format!("decompressed to {} bytes, expected {len}", out.len()),
+            ));
+        }
+        Ok(out)
+    }
+}
+
+impl fmt::Display for Compression {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Compression::None => f.write_str("none"),
+            Compression::Zstd(l) => write!(f, "zstd-{l}"),
+            Compression::Lz4 => f.write_str("lz4"),
+        }
+    }
+}
+
+impl FromStr for Compression {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "none" => Ok(Compression::None),
+            "lz4" => Ok(Compression::Lz4),
+            "zstd" => Ok(Compression::Zstd(3)),
+            _ => s
+                .strip_prefix("zstd-")
+                .and_then(|l| l.parse().ok())
+                .filter(|l| (-7..=22).contains(l))
+                .map(Compression::Zstd)
+                .ok_or_else(|| {
+                    Error::Config(format!(
+                        "unknown compression {s:?}: use none, lz4, zstd or zstd-LEVEL (-7..=22)"
+                    ))
+                }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn round_trip(data in proptest::collection::vec(any::<u8>(), 0..5000), which in 0..3u8) {
+            let c = [Compression::None, Compression::Zstd(3), Compression::Lz4][which as usize];
+            let z = c.compress(&data);
+            prop_assert_eq!(Compression::decompress(c.tag(), &z, data.len()).unwrap(), data);
+        }
+    }
+
+    #[test]
+    fn rejects_corrupt_and_wrong_length() {
+        let data = b"hello hello hello hello hello".repeat(10);
+        for c in [Compression::Zstd(3), Compression::Lz4] {
+            let z = c.compress(&data);
+            assert!(Compression::decompress(c.tag(), &z, data.len() - 1).is_err());
+            assert!(Compression::decompress(c.tag(), &z[..z.len() / 2], data.len()).is_err());
+        }
+        assert!(Compression::decompress(9, b"", 0).is_err());
+    }
+
+    #[test]
+    fn parses_names() {
+        assert_eq!(
+            "zstd-19".parse::<Compression>().unwrap(),
+            Compression::Zstd(19)
+        );
+        assert_eq!("lz4".parse::<Compression>().unwrap(), Compression::Lz4);
+        assert!("zstd-99".parse::<Compression>().is_err());
+    }
+}
