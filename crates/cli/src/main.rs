@@ -1,1 +1,38 @@
-fn main() {}
+//! The `dedupwire` command line: one module per subcommand, all logic in the library crates.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cmd_analyze;
+
+#[derive(Parser)]
+#[command(
+    name = "dedupwire",
+    version,
+    about = "Move and keep data without sending or storing the same bytes twice"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Measure how much each dedup method would save on your data, and what it costs.
+    Analyze(cmd_analyze::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Analyze(a) => cmd_analyze::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dedupwire: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

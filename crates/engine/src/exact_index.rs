@@ -70,6 +70,11 @@ impl<K: std::hash::Hash + Eq, V> ExactIndex<K, V> {
         }
     }
 
+    /// Records `key` at `value`, replacing any earlier location; returns the earlier one.
+    pub fn insert(&mut self, key: K, value: V) -> Option<V> {
+        self.map.insert(key, value)
+    }
+
     /// Number of distinct keys.
     pub fn len(&self) -> usize {
         self.map.len()

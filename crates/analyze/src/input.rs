@@ -1,0 +1,238 @@
+//! Reading the inputs once: each PATH is an image, cut into batches of items.
+//!
+//! A file tree's items are its regular files (in path order); a `.jsonl` or `.jsonl.zst`
+//! document stream's items are its lines (one write each). Batches never mix images, and a
+//! reader thread fills the next batch while the methods work on the current one.
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, Receiver};
+
+use crate::AnalyzeError;
+
+/// Bytes per batch handed to the methods.
+pub const BATCH_BYTES: usize = 4 << 20;
+
+/// What kind of items an image holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ItemKind {
+    /// Files of a tree (or one file): byte streams.
+    File,
+    /// Documents of a JSON-lines write stream.
+    Document,
+}
+
+/// One input PATH.
+#[derive(Debug, Clone)]
+pub struct Image {
+    /// The path as given.
+    pub path: PathBuf,
+    /// Files (or the one stream) it holds, in reading order.
+    pub files: Vec<PathBuf>,
+    /// Sum of the files' sizes on disk (compressed size for `.zst`).
+    pub disk_bytes: u64,
+    /// Items' kind.
+    pub kind: ItemKind,
+}
+
+/// A contiguous part of an item inside a batch's buffer.
+#[derive(Debug, Clone, Copy)]
+pub struct Piece {
+    /// Start offset in [`Batch::data`].
+    pub start: usize,
+    /// End offset in [`Batch::data`].
+    pub end: usize,
+    /// True when this piece ends its item.
+    pub item_end: bool,
+}
+
+/// A batch of item pieces from one image.
+#[derive(Debug)]
+pub struct Batch {
+    /// Index of the image in the input list.
+    pub image: usize,
+    /// Kind of the items.
+    pub kind: ItemKind,
+    /// The bytes.
+    pub data: Vec<u8>,
+    /// The pieces, in order.
+    pub pieces: Vec<Piece>,
+}
+
+impl Batch {
+    /// The bytes of `piece`.
+    pub fn bytes(&self, piece: &Piece) -> &[u8] {
+        &self.data[piece.start..piece.end]
+    }
+}
+
+fn is_document_stream(path: &Path) -> bool {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    name.ends_with(".jsonl") || name.ends_with(".jsonl.zst")
+}
+
+/// Lists the images: stats every PATH and walks directories (symlinks are not followed).
+pub fn scan(paths: &[PathBuf]) -> Result<Vec<Image>, AnalyzeError> {
+    let mut images = Vec::new();
+    for path in paths {
+        let meta = std::fs::metadata(path).map_err(|e| AnalyzeError::io(path, e))?;
+        let mut files = Vec::new();
+        let mut disk_bytes = 0;
+        if meta.is_dir() {
+            for entry in walkdir::WalkDir::new(path).sort_by_file_name() {
+                let entry = entry.map_err(|e| {
+                    let p = e.path().unwrap_or(path).to_path_buf();
+                    AnalyzeError::io(&p, e.into())
+                })?;
+                if entry.file_type().is_file() {
+                    disk_bytes += entry.metadata().map(|m| m.len()).unwrap_or(0);
+                    files.push(entry.into_path());
+                }
+            }
+        } else {
+            disk_bytes = meta.len();
+            files.push(path.clone());
+        }
+        let kind = if files.len() == 1 && is_document_stream(&files[0]) {
+            ItemKind::Document
+        } else {
+            ItemKind::File
+        };
+        images.push(Image {
+            path: path.clone(),
+            files,
+            disk_bytes,
+            kind,
+        });
+    }
+    Ok(images)
+}
+
+/// Starts a reader thread that sends the images' batches in order; an error ends the stream.
+pub fn read_batches(images: Vec<Image>) -> Receiver<Result<Batch, AnalyzeError>> {
+    let (tx, rx) = sync_channel(2);
+    std::thread::spawn(move || {
+        for (i, image) in images.iter().enumerate() {
+            let result = match image.kind {
+                ItemKind::File => read_files(i, image, &mut |b| tx.send(Ok(b)).is_ok()),
+                ItemKind::Document => read_documents(i, image, &mut |b| tx.send(Ok(b)).is_ok()),
+            };
+            if let Err(e) = result {
+                let _ = tx.send(Err(e));
+                return;
+            }
+        }
+    });
+    rx
+}
+
+fn new_batch(image: usize, kind: ItemKind) -> Batch {
+    Batch {
+        image,
+        kind,
+        data: Vec::with_capacity(BATCH_BYTES),
+        pieces: Vec::new(),
+    }
+}
+
+fn read_files(
+    index: usize,
+    image: &Image,
+    send: &mut dyn FnMut(Batch) -> bool,
+) -> Result<(), AnalyzeError> {
+    let mut batch = new_batch(index, ItemKind::File);
+    for path in &image.files {
+        let mut file = match File::open(path) {
+            Ok(f) => f,
+            Err(e) => return Err(AnalyzeError::io(path, e)),
+        };
+        loop {
+            let start = batch.data.len();
+            let want = BATCH_BYTES - start;
+            batch.data.resize(BATCH_BYTES, 0);
+            let n = read_full(&mut file, &mut batch.data[start..start + want])
+                .map_err(|e| AnalyzeError::io(path, e))?;
+            batch.data.truncate(start + n);
+            let item_end = n < want;
+            if n > 0 || item_end {
+                batch.pieces.push(Piece {
+                    start,
+                    end: start + n,
+                    item_end,
+                });
+            }
+            if batch.data.len() >= BATCH_BYTES {
+                let full = std::mem::replace(&mut batch, new_batch(index, ItemKind::File));
+                if !send(full) {
+                    return Ok(());
+                }
+            }
+            if item_end {
+                break;
+            }
+        }
+    }
+    if !batch.pieces.is_empty() {
+        send(batch);
+    }
+    Ok(())
+}
+
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+fn read_documents(
+    index: usize,
+    image: &Image,
+    send: &mut dyn FnMut(Batch) -> bool,
+) -> Result<(), AnalyzeError> {
+    let path = &image.files[0];
+    let file = File::open(path).map_err(|e| AnalyzeError::io(path, e))?;
+    let reader: Box<dyn Read> = if path.extension().is_some_and(|e| e == "zst") {
+        Box::new(zstd::Decoder::new(file).map_err(|e| AnalyzeError::io(path, e))?)
+    } else {
+        Box::new(file)
+    };
+    let mut reader = BufReader::with_capacity(1 << 20, reader);
+    let mut batch = new_batch(index, ItemKind::Document);
+    loop {
+        let start = batch.data.len();
+        let n = reader
+            .read_until(b'\n', &mut batch.data)
+            .map_err(|e| AnalyzeError::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        let mut end = batch.data.len();
+        if batch.data[end - 1] == b'\n' {
+            end -= 1;
+            batch.data.truncate(end);
+        }
+        batch.pieces.push(Piece {
+            start,
+            end,
+            item_end: true,
+        });
+        if batch.data.len() >= BATCH_BYTES {
+            let full = std::mem::replace(&mut batch, new_batch(index, ItemKind::Document));
+            if !send(full) {
+                return Ok(());
+            }
+        }
+    }
+    if !batch.pieces.is_empty() {
+        send(batch);
+    }
+    Ok(())
+}

@@ -1,0 +1,622 @@
+//! The methods compared, each a runner fed every batch once.
+//!
+//! A runner measures its own scopes: **local** (each image deduplicated alone, its index
+//! dropped between images) and **global** (all images pooled). Exact dedup counts duplicates
+//! with xxh3-128 ids (an estimate needs no cryptographic identity) and adds the measured cost
+//! of BLAKE3 at that chunk size, so its reported speed is what a real deployment pays.
+
+use std::collections::HashSet;
+use std::fmt;
+
+use dedupwire_engine::chunk::{size_label, ChunkerSpec};
+use dedupwire_engine::compress::Compression;
+use dedupwire_engine::exact_index::PassThrough;
+use dedupwire_engine::fingerprint::fast_id;
+use dedupwire_engine::pipeline::{Encoder, PipelineConfig};
+use serde::Serialize;
+
+use crate::cpu::charge;
+use crate::input::{Batch, ItemKind, BATCH_BYTES};
+use crate::push_chunker::PushChunker;
+use crate::AnalyzeError;
+
+/// Bytes a chunk reference costs in a recipe or on the wire (tag + chunk number + length).
+pub const REF_BYTES: u64 = 6;
+/// Bytes one exact-index entry needs in a real deployment: BLAKE3 key, location, table slack.
+pub const INDEX_ENTRY_BYTES: u64 = 46;
+
+/// A method the user can ask for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MethodSpec {
+    /// Compression alone, per batch.
+    Compress(Compression),
+    /// Exact chunk dedup with this chunker (with and without compression on top).
+    Exact(ChunkerSpec),
+    /// Similarity + delta: sketches for documents, super-features for files.
+    Similarity,
+}
+
+impl fmt::Display for MethodSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MethodSpec::Compress(c) => write!(f, "{c}"),
+            MethodSpec::Exact(c) => write!(f, "{}", c.label()),
+            MethodSpec::Similarity => f.write_str("similarity"),
+        }
+    }
+}
+
+/// Default exact-dedup chunk sizes: 1 KiB … 128 KiB.
+pub const DEFAULT_SIZES: [usize; 8] = [
+    1 << 10,
+    2 << 10,
+    4 << 10,
+    8 << 10,
+    16 << 10,
+    32 << 10,
+    64 << 10,
+    128 << 10,
+];
+
+/// Parses a `--methods` list: families (`compress`, `fixed`, `cdc`, `whole`, `similarity`,
+/// `all`) or single methods (`zstd`, `zstd-19`, `lz4`, `cdc-4KiB`, `fixed-64KiB`, `cdc-256B`).
+pub fn parse_methods(list: &str, documents: bool) -> Result<Vec<MethodSpec>, AnalyzeError> {
+    let mut sizes: Vec<usize> = DEFAULT_SIZES.to_vec();
+    if documents {
+        sizes.insert(0, 256);
+    }
+    let mut out = Vec::new();
+    for token in list.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        match token {
+            "all" => {
+                out.extend(parse_methods(
+                    "compress,whole,fixed,cdc,similarity",
+                    documents,
+                )?);
+            }
+            "compress" => out.extend([
+                MethodSpec::Compress(Compression::Zstd(3)),
+                MethodSpec::Compress(Compression::Lz4),
+            ]),
+            "whole" => out.push(MethodSpec::Exact(ChunkerSpec::Whole)),
+            "fixed" => out.extend(
+                sizes
+                    .iter()
+                    .map(|&size| MethodSpec::Exact(ChunkerSpec::Fixed { size })),
+            ),
+            "cdc" => out.extend(
+                sizes
+                    .iter()
+                    .map(|&s| MethodSpec::Exact(ChunkerSpec::cdc(s))),
+            ),
+            "similarity" | "sim" => out.push(MethodSpec::Similarity),
+            t => out.push(parse_one(t)?),
+        }
+    }
+    let mut seen = Vec::new();
+    out.retain(|m| {
+        let new = !seen.contains(m);
+        seen.push(*m);
+        new
+    });
+    if out.is_empty() {
+        return Err(AnalyzeError::Usage("--methods names no method".into()));
+    }
+    Ok(out)
+}
+
+fn parse_one(t: &str) -> Result<MethodSpec, AnalyzeError> {
+    if let Ok(c) = t.parse::<Compression>() {
+        return Ok(MethodSpec::Compress(c));
+    }
+    let bad = || {
+        AnalyzeError::Usage(format!(
+        "unknown method {t:?}: use compress, whole, fixed, cdc, similarity, all, zstd[-LEVEL], lz4, fixed-SIZE or cdc-SIZE (SIZE like 256B, 4KiB, 1MiB)"
+    ))
+    };
+    let (family, size) = t.split_once('-').ok_or_else(bad)?;
+    let size = parse_size(size).ok_or_else(bad)?;
+    let spec = match family {
+        "fixed" => ChunkerSpec::Fixed { size },
+        "cdc" => ChunkerSpec::cdc(size),
+        _ => return Err(bad()),
+    };
+    spec.build()
+        .map_err(|e| AnalyzeError::Usage(format!("{t}: {e}")))?;
+    Ok(MethodSpec::Exact(spec))
+}
+
+/// Parses `256B`, `4KiB`, `4K`, `1MiB`, `1M` or a plain number of bytes.
+pub fn parse_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: usize = num.parse().ok()?;
+    let mult = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" | "kb" => 1 << 10,
+        "m" | "mib" | "mb" => 1 << 20,
+        "g" | "gib" | "gb" => 1 << 30,
+        _ => return None,
+    };
+    n.checked_mul(mult)
+}
+
+/// One line of the report, before ratios are derived.
+#[derive(Debug, Clone, Serialize)]
+pub struct Measured {
+    /// Method name, e.g. `exact-cdc-4KiB+zstd`.
+    pub name: String,
+    /// Family for charts, e.g. `exact-cdc+zstd`.
+    pub family: String,
+    /// `local` or `global`.
+    pub scope: &'static str,
+    /// Parameters.
+    pub params: serde_json::Value,
+    /// Bytes the method would send or store.
+    pub output_bytes: u64,
+    /// RAM its index needs.
+    pub index_bytes: u64,
+    /// CPU seconds spent on the input.
+    pub cpu_seconds: f64,
+    /// Relative standard error of `output_bytes` when part of it was sampled (0 if exact).
+    pub rel_error: f64,
+}
+
+/// A method being measured.
+pub trait Runner: Send {
+    /// Processes one batch.
+    fn feed(&mut self, batch: &Batch);
+    /// The results for both scopes.
+    fn finish(self: Box<Self>) -> Vec<Measured>;
+}
+
+/// Builds the runner for `spec`.
+pub fn runner(spec: MethodSpec, opts: &RunnerOptions) -> Result<Box<dyn Runner>, AnalyzeError> {
+    Ok(match spec {
+        MethodSpec::Compress(c) => Box::new(CompressRunner::new(c)),
+        MethodSpec::Exact(c) => Box::new(ExactRunner::new(c, opts)?),
+        MethodSpec::Similarity => Box::new(SimilarityRunner::new(opts)?),
+    })
+}
+
+/// Settings shared by the runners.
+#[derive(Debug, Clone)]
+pub struct RunnerOptions {
+    /// Compression applied on top of dedup (`+zstd` lines).
+    pub on_top: Compression,
+    /// Compress one residual batch in this many (1 = all) and extrapolate the rest.
+    pub compress_every: u64,
+    /// True when there are several images, so global differs from local.
+    pub several_images: bool,
+    /// Window of the similarity encoders, in bytes.
+    pub window_bytes: u64,
+    /// BLAKE3 CPU seconds per byte, by chunk size, measured on this machine.
+    pub blake3_s_per_byte: fn(usize) -> f64,
+}
+
+struct CompressRunner {
+    method: Compression,
+    out: u64,
+    cpu: f64,
+}
+
+impl CompressRunner {
+    fn new(method: Compression) -> Self {
+        CompressRunner {
+            method,
+            out: 0,
+            cpu: 0.0,
+        }
+    }
+}
+
+impl Runner for CompressRunner {
+    fn feed(&mut self, batch: &Batch) {
+        let m = self.method;
+        self.out += charge(&mut self.cpu, || m.compress(&batch.data).len() as u64);
+    }
+
+    fn finish(self: Box<Self>) -> Vec<Measured> {
+        ["local", "global"]
+            .into_iter()
+            .map(|scope| Measured {
+                name: self.method.to_string(),
+                family: "compress".into(),
+                scope,
+                params: serde_json::json!({ "compression": self.method.to_string(), "batch_bytes": BATCH_BYTES }),
+                output_bytes: self.out,
+                index_bytes: 0,
+                cpu_seconds: self.cpu,
+                rel_error: 0.0,
+            })
+            .collect()
+    }
+}
+
+/// Compresses a residual stream in batches, sampling one batch in `every`.
+struct Residual {
+    buf: Vec<u8>,
+    batches: u64,
+    every: u64,
+    raw_total: u64,
+    raw_sampled: u64,
+    out_sampled: u64,
+    ratios: Vec<f64>,
+    cpu: f64,
+}
+
+impl Residual {
+    fn new(every: u64) -> Self {
+        Residual {
+            buf: Vec::with_capacity(BATCH_BYTES),
+            batches: 0,
+            every: every.max(1),
+            raw_total: 0,
+            raw_sampled: 0,
+            out_sampled: 0,
+            ratios: Vec::new(),
+            cpu: 0.0,
+        }
+    }
+
+    fn push(&mut self, data: &[u8], method: Compression) {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= BATCH_BYTES {
+            self.flush(method);
+        }
+    }
+
+    fn flush(&mut self, method: Compression) {
+        if self.buf.is_empty() {
+            return;
+        }
+        let raw = self.buf.len() as u64;
+        self.raw_total += raw;
+        if self.batches % self.every == 0 {
+            let out = charge(&mut self.cpu, || method.compress(&self.buf).len() as u64);
+            self.raw_sampled += raw;
+            self.out_sampled += out;
+            self.ratios.push(out as f64 / raw as f64);
+        }
+        self.batches += 1;
+        self.buf.clear();
+    }
+
+    /// Estimated compressed bytes, relative standard error, and estimated CPU for all batches.
+    fn estimate(&mut self, method: Compression) -> (u64, f64, f64) {
+        self.flush(method);
+        if self.raw_sampled == 0 {
+            return (0, 0.0, 0.0);
+        }
+        let scale = self.raw_total as f64 / self.raw_sampled as f64;
+        let est = (self.out_sampled as f64 * scale).round() as u64;
+        let n = self.ratios.len() as f64;
+        let rel = if self.every > 1 && n > 1.0 {
+            let mean = self.ratios.iter().sum::<f64>() / n;
+            let var = self.ratios.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n - 1.0);
+            let fpc = 1.0 - n / self.batches as f64;
+            (var / n * fpc.max(0.0)).sqrt() / mean.max(1e-12)
+        } else {
+            0.0
+        };
+        (est, rel, self.cpu * scale)
+    }
+}
+
+struct ExactScope {
+    index: HashSet<u128, PassThrough>,
+    unique_bytes: u64,
+    chunks: u64,
+    peak_entries: usize,
+    residual: Residual,
+}
+
+impl ExactScope {
+    fn new(every: u64) -> Self {
+        ExactScope {
+            index: HashSet::default(),
+            unique_bytes: 0,
+            chunks: 0,
+            peak_entries: 0,
+            residual: Residual::new(every),
+        }
+    }
+
+    fn add(&mut self, id: u128, chunk: &[u8], on_top: Compression) {
+        self.chunks += 1;
+        if self.index.insert(id) {
+            self.unique_bytes += chunk.len() as u64;
+            self.residual.push(chunk, on_top);
+        }
+    }
+
+    fn reset_index(&mut self) {
+        self.peak_entries = self.peak_entries.max(self.index.len());
+        self.index = HashSet::default();
+    }
+}
+
+struct ExactRunner {
+    spec: ChunkerSpec,
+    chunker: PushChunker,
+    opts: RunnerOptions,
+    image: Option<usize>,
+    local: ExactScope,
+    global: Option<ExactScope>,
+    cpu: f64,
+    input_bytes: u64,
+}
+
+impl ExactRunner {
+    fn new(spec: ChunkerSpec, opts: &RunnerOptions) -> Result<Self, AnalyzeError> {
+        let chunker = spec
+            .build()
+            .map_err(|e| AnalyzeError::Usage(e.to_string()))?;
+        Ok(ExactRunner {
+            spec,
+            chunker: PushChunker::new(chunker),
+            opts: opts.clone(),
+            image: None,
+            local: ExactScope::new(opts.compress_every),
+            global: opts
+                .several_images
+                .then(|| ExactScope::new(opts.compress_every)),
+            cpu: 0.0,
+            input_bytes: 0,
+        })
+    }
+
+    fn chunk_piece(&mut self, data: &[u8], item_end: bool) {
+        let on_top = self.opts.on_top;
+        let (local, global) = (&mut self.local, &mut self.global);
+        let mut add = |chunk: &[u8]| {
+            let id = fast_id(chunk);
+            local.add(id, chunk, on_top);
+            if let Some(g) = global.as_mut() {
+                g.add(id, chunk, on_top);
+            }
+        };
+        self.chunker.push(data, item_end, &mut add);
+    }
+
+    fn scope_result(
+        &self,
+        scope: &mut ExactScope,
+        name: &'static str,
+        cpu: f64,
+        chunk_cost: f64,
+    ) -> Vec<Measured> {
+        let on_top = self.opts.on_top;
+        let (z_bytes, rel, z_cpu) = scope.residual.estimate(on_top);
+        let refs = scope.chunks * REF_BYTES;
+        let peak = scope.peak_entries.max(scope.index.len()) as u64;
+        let family = match self.spec {
+            ChunkerSpec::Whole => "exact-whole",
+            ChunkerSpec::Fixed { .. } => "exact-fixed",
+            ChunkerSpec::Cdc { .. } => "exact-cdc",
+        };
+        let label = format!("exact-{}", self.spec.label());
+        let params = serde_json::json!({ "chunker": self.spec });
+        let base_cpu = cpu + chunk_cost;
+        vec![
+            Measured {
+                name: label.clone(),
+                family: family.into(),
+                scope: name,
+                params: params.clone(),
+                output_bytes: scope.unique_bytes + refs,
+                index_bytes: peak * INDEX_ENTRY_BYTES,
+                cpu_seconds: base_cpu,
+                rel_error: 0.0,
+            },
+            Measured {
+                name: format!("{label}+{}", short(on_top)),
+                family: format!("{family}+{}", short(on_top)),
+                scope: name,
+                params: serde_json::json!({ "chunker": self.spec, "compression": on_top.to_string() }),
+                output_bytes: z_bytes + refs,
+                index_bytes: peak * INDEX_ENTRY_BYTES,
+                cpu_seconds: base_cpu + z_cpu,
+                rel_error: rel * z_bytes as f64 / (z_bytes + refs).max(1) as f64,
+            },
+        ]
+    }
+}
+
+fn short(c: Compression) -> &'static str {
+    match c {
+        Compression::None => "none",
+        Compression::Zstd(_) => "zstd",
+        Compression::Lz4 => "lz4",
+    }
+}
+
+impl Runner for ExactRunner {
+    fn feed(&mut self, batch: &Batch) {
+        let mut cpu = 0.0;
+        charge(&mut cpu, || {
+            if self.image.is_some_and(|i| i != batch.image) {
+                self.local.reset_index();
+            }
+            self.image = Some(batch.image);
+            self.input_bytes += batch.data.len() as u64;
+            for piece in &batch.pieces {
+                self.chunk_piece(batch.bytes(piece), piece.item_end);
+            }
+        });
+        self.cpu += cpu;
+    }
+
+    fn finish(mut self: Box<Self>) -> Vec<Measured> {
+        let avg = match self.spec {
+            ChunkerSpec::Whole => 1 << 20,
+            ChunkerSpec::Fixed { size } => size,
+            ChunkerSpec::Cdc { avg, .. } => avg,
+        };
+        let chunk_cost = (self.opts.blake3_s_per_byte)(avg) * self.input_bytes as f64;
+        let cpu = self.cpu;
+        let mut local = std::mem::replace(&mut self.local, ExactScope::new(1));
+        let mut out = self.scope_result(&mut local, "local", cpu, chunk_cost);
+        match self.global.take() {
+            Some(mut g) => out.extend(self.scope_result(&mut g, "global", cpu, chunk_cost)),
+            None => out.extend(out.clone().into_iter().map(|m| Measured {
+                scope: "global",
+                ..m
+            })),
+        }
+        out
+    }
+}
+
+/// sDedup sketches for documents, Neptune super-features for files, through the real pipeline.
+struct SimilarityRunner {
+    opts: RunnerOptions,
+    image: Option<usize>,
+    local: [Option<SimScope>; 2],
+    global: [Option<SimScope>; 2],
+    local_done: [(u64, u64, u64, f64); 2],
+    input_bytes: u64,
+}
+
+struct SimScope {
+    encoder: Encoder,
+    cpu: f64,
+    peak_index: u64,
+}
+
+impl SimScope {
+    fn new(config: PipelineConfig) -> Self {
+        SimScope {
+            encoder: Encoder::new(config).expect("built-in configurations are valid"),
+            cpu: 0.0,
+            peak_index: 0,
+        }
+    }
+
+    fn feed(&mut self, items: &[&[u8]]) {
+        let mut sink = Vec::new();
+        let enc = &mut self.encoder;
+        charge(&mut self.cpu, || enc.encode_frame(items, &mut sink));
+        self.peak_index = self.peak_index.max(self.encoder.index_bytes());
+    }
+
+    /// (raw bytes, compressed bytes, index bytes, cpu)
+    fn totals(&self) -> (u64, u64, u64, f64) {
+        let s = self.encoder.stats();
+        (s.raw_bytes, s.output_bytes, self.peak_index, self.cpu)
+    }
+}
+
+fn kind_slot(kind: ItemKind) -> usize {
+    match kind {
+        ItemKind::Document => 0,
+        ItemKind::File => 1,
+    }
+}
+
+impl SimilarityRunner {
+    fn new(opts: &RunnerOptions) -> Result<Self, AnalyzeError> {
+        Ok(SimilarityRunner {
+            opts: opts.clone(),
+            image: None,
+            local: [None, None],
+            global: [None, None],
+            local_done: [(0, 0, 0, 0.0); 2],
+            input_bytes: 0,
+        })
+    }
+
+    fn config(&self, kind: ItemKind) -> PipelineConfig {
+        let base = match kind {
+            ItemKind::Document => PipelineConfig::documents(),
+            ItemKind::File => PipelineConfig::files(),
+        };
+        PipelineConfig {
+            compression: self.opts.on_top,
+            window_bytes: self.opts.window_bytes,
+            ..base
+        }
+    }
+
+    fn retire_local(&mut self) {
+        for slot in 0..2 {
+            if let Some(s) = self.local[slot].take() {
+                let (r, z, i, c) = s.totals();
+                let d = &mut self.local_done[slot];
+                *d = (d.0 + r, d.1 + z, d.2.max(i), d.3 + c);
+            }
+        }
+    }
+}
+
+impl Runner for SimilarityRunner {
+    fn feed(&mut self, batch: &Batch) {
+        if self.image.is_some_and(|i| i != batch.image) {
+            self.retire_local();
+        }
+        self.image = Some(batch.image);
+        self.input_bytes += batch.data.len() as u64;
+        let slot = kind_slot(batch.kind);
+        let items: Vec<&[u8]> = batch.pieces.iter().map(|p| batch.bytes(p)).collect();
+        let config = self.config(batch.kind);
+        self.local[slot]
+            .get_or_insert_with(|| SimScope::new(config))
+            .feed(&items);
+        if self.opts.several_images {
+            self.global[slot]
+                .get_or_insert_with(|| SimScope::new(config))
+                .feed(&items);
+        }
+    }
+
+    fn finish(mut self: Box<Self>) -> Vec<Measured> {
+        self.retire_local();
+        let mut global = [(0u64, 0u64, 0u64, 0.0f64); 2];
+        for slot in 0..2 {
+            global[slot] = match &self.global[slot] {
+                Some(s) => s.totals(),
+                None => self.local_done[slot],
+            };
+        }
+        let sum = |t: &[(u64, u64, u64, f64); 2]| {
+            (
+                t[0].0 + t[1].0,
+                t[0].1 + t[1].1,
+                t[0].2 + t[1].2,
+                t[0].3 + t[1].3,
+            )
+        };
+        let on_top = short(self.opts.on_top);
+        let params = serde_json::json!({
+            "documents": { "chunker": "whole", "similarity": "sketch", "k": 8, "delta": "sampled" },
+            "files": { "chunker": format!("cdc-{}", size_label(8 << 10)), "similarity": "super-features", "delta": "sampled" },
+            "window_bytes": self.opts.window_bytes,
+        });
+        let mut out = Vec::new();
+        for (scope, t) in [("local", sum(&self.local_done)), ("global", sum(&global))] {
+            let (raw, z, index, cpu) = t;
+            out.push(Measured {
+                name: "similarity".into(),
+                family: "similarity".into(),
+                scope,
+                params: params.clone(),
+                output_bytes: raw,
+                index_bytes: index,
+                cpu_seconds: cpu,
+                rel_error: 0.0,
+            });
+            out.push(Measured {
+                name: format!("similarity+{on_top}"),
+                family: format!("similarity+{on_top}"),
+                scope,
+                params: params.clone(),
+                output_bytes: z,
+                index_bytes: index,
+                cpu_seconds: cpu,
+                rel_error: 0.0,
+            });
+        }
+        out
+    }
+}

@@ -1,0 +1,179 @@
+//! The analysis report: the stable JSON shape, and a plain-text table for terminals.
+
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use crate::methods::Measured;
+use crate::recommend::{self, Recommendation};
+use crate::Options;
+
+/// One input image as read.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ImageStats {
+    /// The path as given.
+    pub path: String,
+    /// `files` or `documents`.
+    pub kind: String,
+    /// Files read.
+    pub files: u64,
+    /// Bytes read (decompressed for `.zst` document streams, without line ends).
+    pub input_bytes: u64,
+    /// Items (files, or document writes).
+    pub items: u64,
+}
+
+/// One method in one scope. The field names are a stable interface.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MethodReport {
+    /// Method name, e.g. `exact-cdc-4KiB+zstd`.
+    pub name: String,
+    /// Family, e.g. `exact-cdc+zstd`.
+    pub family: String,
+    /// `local` (each image alone) or `global` (all images pooled).
+    pub scope: String,
+    /// Parameters.
+    pub params: serde_json::Value,
+    /// Bytes the method would send or store.
+    pub output_bytes: u64,
+    /// Input bytes / output bytes.
+    pub ratio: f64,
+    /// RAM its index needs (a real BLAKE3-keyed index for exact dedup).
+    pub index_bytes: u64,
+    /// Input MB (10^6 bytes) processed per CPU second on this machine.
+    pub mb_per_s: f64,
+    /// CPU seconds per GB (10^9 bytes) of input.
+    pub cpu_s_per_gb: f64,
+    /// Relative standard error of `output_bytes` where compression was sampled (0 if exact).
+    pub rel_error: f64,
+}
+
+/// The whole report. The field names are a stable interface.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    /// Bytes read from all images.
+    pub input_bytes: u64,
+    /// Items read from all images.
+    pub items: u64,
+    /// The images.
+    pub images: Vec<ImageStats>,
+    /// Every method in both scopes.
+    pub methods: Vec<MethodReport>,
+    /// What to use for the given link, and the break-even link speeds.
+    pub recommendation: Recommendation,
+    /// How the numbers were obtained.
+    pub notes: Vec<String>,
+    /// Wall seconds the analysis took.
+    pub elapsed_s: f64,
+}
+
+pub(crate) fn build(
+    images: Vec<ImageStats>,
+    measured: Vec<Measured>,
+    opts: &Options,
+    compress_every: u64,
+    elapsed_s: f64,
+) -> Report {
+    let input_bytes: u64 = images.iter().map(|i| i.input_bytes).sum();
+    let items = images.iter().map(|i| i.items).sum();
+    let methods: Vec<MethodReport> = measured
+        .into_iter()
+        .map(|m| {
+            let cpu = m.cpu_seconds.max(1e-9);
+            MethodReport {
+                ratio: input_bytes as f64 / m.output_bytes.max(1) as f64,
+                mb_per_s: input_bytes as f64 / 1e6 / cpu,
+                cpu_s_per_gb: cpu / (input_bytes.max(1) as f64 / 1e9),
+                name: m.name,
+                family: m.family,
+                scope: m.scope.to_string(),
+                params: m.params,
+                output_bytes: m.output_bytes,
+                index_bytes: m.index_bytes,
+                rel_error: m.rel_error,
+            }
+        })
+        .collect();
+    let recommendation = recommend::recommend(input_bytes, &methods, opts.link_bits_per_s);
+    let mut notes = vec![
+        format!("output bytes count a {}-byte reference per chunk; exact-dedup index memory is {} bytes per unique chunk (BLAKE3 key, location, table slack)", crate::methods::REF_BYTES, crate::methods::INDEX_ENTRY_BYTES),
+        "exact dedup counts duplicates with xxh3-128 and adds BLAKE3's measured cost at the same chunk size to the CPU time".into(),
+        "speed is input MB per CPU second of one core on this machine; local scope deduplicates each image alone, global pools all images".into(),
+        format!("similarity + delta uses a window of {} MiB of recent data as delta sources", opts.window_bytes >> 20),
+    ];
+    if compress_every > 1 {
+        notes.push(format!(
+            "compression on top of exact dedup was measured on 1 residual batch in {compress_every} and extrapolated; rel_error is its relative standard error"
+        ));
+    }
+    Report {
+        input_bytes,
+        items,
+        images,
+        methods,
+        recommendation,
+        notes,
+        elapsed_s,
+    }
+}
+
+/// Formats `n` bytes with a binary unit.
+pub fn human_bytes(n: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", units[u])
+    }
+}
+
+impl Report {
+    /// A plain-text table of the global scope (and local where it differs), then the recommendation.
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "{} in {} items from {} image(s), analyzed in {:.1} s",
+            human_bytes(self.input_bytes),
+            self.items,
+            self.images.len(),
+            self.elapsed_s
+        );
+        let _ = writeln!(
+            s,
+            "{:<28} {:>11} {:>8} {:>8} {:>11} {:>9}",
+            "method", "output", "global", "local", "index", "MB/s"
+        );
+        for m in self.methods.iter().filter(|m| m.scope == "global") {
+            let local = self
+                .methods
+                .iter()
+                .find(|l| l.scope == "local" && l.name == m.name)
+                .map_or(m.ratio, |l| l.ratio);
+            let err = if m.rel_error > 0.0 {
+                format!(" ±{:.1}%", m.rel_error * 100.0)
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                s,
+                "{:<28} {:>11} {:>7.2}x {:>7.2}x {:>11} {:>9.0}{err}",
+                m.name,
+                human_bytes(m.output_bytes),
+                m.ratio,
+                local,
+                human_bytes(m.index_bytes),
+                m.mb_per_s
+            );
+        }
+        s.push('\n');
+        s.push_str(&self.recommendation.to_text());
+        s
+    }
+}

@@ -1,0 +1,97 @@
+//! `dedupwire analyze PATH... [--methods LIST] [--json FILE] [--html FILE] [--link SPEED]`
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use dedupwire_analyze::{analyze, parse_link, parse_size, Options};
+use dedupwire_engine::compress::Compression;
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// Options of `dedupwire analyze`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Files, directory trees or `.jsonl[.zst]` document streams; each PATH is one image.
+    #[arg(required = true)]
+    paths: Vec<PathBuf>,
+    /// Methods to measure: compress, whole, fixed, cdc, similarity, all, or single ones such
+    /// as zstd-19, lz4, cdc-4KiB, fixed-64KiB, cdc-256B (comma-separated).
+    #[arg(long, default_value = "all")]
+    methods: String,
+    /// Write the report as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Write a self-contained HTML report with charts to FILE.
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
+    /// Link speed to recommend a configuration for (e.g. 3Mbit, 100Mbit, 10Gbit).
+    #[arg(long, default_value = "100Mbit")]
+    link: String,
+    /// Compression on top of dedup: zstd, zstd-LEVEL, lz4.
+    #[arg(long, default_value = "zstd-3")]
+    compression: String,
+    /// Compress 1 residual batch in N and extrapolate (default: 1 per GiB of input).
+    #[arg(long, value_name = "N")]
+    sample: Option<u64>,
+    /// Recent data the similarity method may use as delta sources (e.g. 512MiB, 2GiB).
+    #[arg(long, default_value = "1GiB")]
+    window: String,
+    /// Worker threads (default: one per core).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// No progress bar and no table on stdout.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+/// Runs the analysis and writes the requested outputs.
+pub fn run(args: Args) -> Result<()> {
+    let Some(link) = parse_link(&args.link) else {
+        bail!(
+            "--link {:?}: use a speed like 3Mbit, 100Mbit or 10Gbit",
+            args.link
+        );
+    };
+    let on_top: Compression = args.compression.parse().context("--compression")?;
+    let Some(window) = parse_size(&args.window) else {
+        bail!("--window {:?}: use a size like 512MiB or 2GiB", args.window);
+    };
+    if args.sample == Some(0) {
+        bail!("--sample must be at least 1");
+    }
+    let opts = Options {
+        methods: Some(args.methods.clone()),
+        on_top,
+        link_bits_per_s: link,
+        compress_every: args.sample,
+        window_bytes: window as u64,
+        threads: args.threads,
+    };
+    let bar = if args.quiet || !std::io::stderr().is_terminal() {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(0).with_style(
+            ProgressStyle::with_template(
+                "{spinner} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {wide_bar}",
+            )
+            .expect("valid template"),
+        )
+    };
+    let report = analyze(&args.paths, &opts, &|done, total| {
+        bar.set_length(total.max(done));
+        bar.set_position(done);
+    })?;
+    bar.finish_and_clear();
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.html {
+        std::fs::write(path, dedupwire_analyze::html::render(&report))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if !args.quiet {
+        print!("{}", report.to_text());
+    }
+    Ok(())
+}

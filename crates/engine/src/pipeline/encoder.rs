@@ -1,0 +1,224 @@
+//! The pipeline encoder.
+
+use serde::Serialize;
+use xxhash_rust::xxh3::Xxh3;
+
+use super::format::*;
+use super::window::Window;
+use super::{PipelineConfig, Similarity};
+use crate::chunk::{chunks, Chunker};
+use crate::compress::Compression;
+use crate::delta::{DeltaCodec, DeltaSpec};
+use crate::exact_index::ExactIndex;
+use crate::fingerprint::{Fingerprint, Fingerprinter};
+use crate::similarity::{select_source, CandidateIndex};
+use crate::varint;
+use crate::Result;
+
+/// What the encoder did, unit by unit and byte by byte.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct EncodeStats {
+    /// Items encoded.
+    pub items: u64,
+    /// Bytes of all items.
+    pub input_bytes: u64,
+    /// Units the items were cut into.
+    pub units: u64,
+    /// Units sent as references to identical earlier units.
+    pub refs: u64,
+    /// Bytes covered by references.
+    pub ref_bytes: u64,
+    /// Units sent as deltas.
+    pub deltas: u64,
+    /// Bytes of the units sent as deltas.
+    pub delta_input_bytes: u64,
+    /// Bytes of the deltas themselves (before frame compression).
+    pub delta_bytes: u64,
+    /// Units sent as literals.
+    pub literals: u64,
+    /// Bytes of literal units.
+    pub literal_bytes: u64,
+    /// Frames written.
+    pub frames: u64,
+    /// Bytes of frame bodies before compression.
+    pub raw_bytes: u64,
+    /// Bytes written, header included.
+    pub output_bytes: u64,
+}
+
+/// Turns batches of items into frames of a self-contained stream.
+pub struct Encoder {
+    config: PipelineConfig,
+    chunker: Box<dyn Chunker>,
+    delta: Box<dyn DeltaCodec>,
+    fingerprinter: Fingerprinter,
+    window: Window,
+    exact: ExactIndex<Fingerprint, u64>,
+    candidates: CandidateIndex<u64>,
+    stats: EncodeStats,
+    ops: Vec<u8>,
+    payload: Vec<u8>,
+    body: Vec<u8>,
+    scratch: Vec<u8>,
+    unit_lens: Vec<usize>,
+}
+
+impl Encoder {
+    /// An encoder for `config`; fails on an invalid chunker configuration.
+    pub fn new(config: PipelineConfig) -> Result<Self> {
+        Ok(Encoder {
+            chunker: config.chunker.build()?,
+            delta: config.delta.build(),
+            fingerprinter: Fingerprinter::new(),
+            window: Window::new(config.window_bytes),
+            exact: ExactIndex::new(),
+            candidates: CandidateIndex::new(config.max_per_feature),
+            stats: EncodeStats::default(),
+            ops: Vec::new(),
+            payload: Vec::new(),
+            body: Vec::new(),
+            scratch: Vec::new(),
+            unit_lens: Vec::new(),
+            config,
+        })
+    }
+
+    /// Appends the stream header (magic, delta codec, window size) to `out`.
+    pub fn write_header(&mut self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(&MAGIC);
+        out.push(match self.config.delta {
+            DeltaSpec::Sampled => DELTA_SAMPLED,
+            DeltaSpec::ZstdRef { .. } => DELTA_ZSTD_REF,
+        });
+        varint::put(out, self.config.window_bytes);
+        self.stats.output_bytes += (out.len() - start) as u64;
+    }
+
+    /// Encodes one batch of items as one frame appended to `out`.
+    pub fn encode_frame(&mut self, items: &[&[u8]], out: &mut Vec<u8>) {
+        self.ops.clear();
+        self.payload.clear();
+        let mut content = Xxh3::new();
+        varint::put(&mut self.ops, items.len() as u64);
+        for item in items {
+            content.update(item);
+            self.unit_lens.clear();
+            self.unit_lens
+                .extend(chunks(self.chunker.as_ref(), item).map(<[u8]>::len));
+            varint::put(&mut self.ops, self.unit_lens.len() as u64);
+            let mut at = 0;
+            for i in 0..self.unit_lens.len() {
+                let len = self.unit_lens[i];
+                self.encode_unit(&item[at..at + len]);
+                at += len;
+            }
+            self.stats.items += 1;
+            self.stats.input_bytes += item.len() as u64;
+        }
+        self.body.clear();
+        varint::put(&mut self.body, self.ops.len() as u64);
+        self.body.extend_from_slice(&self.ops);
+        self.body.extend_from_slice(&self.payload);
+        self.write_frame(content.digest(), out);
+    }
+
+    fn write_frame(&mut self, content_hash: u64, out: &mut Vec<u8>) {
+        let mut method = self.config.compression;
+        let mut stored = method.compress(&self.body);
+        if stored.len() >= self.body.len() {
+            method = Compression::None;
+            stored.clear();
+            stored.extend_from_slice(&self.body);
+        }
+        let start = out.len();
+        out.push(FRAME);
+        varint::put(out, self.body.len() as u64);
+        varint::put(out, stored.len() as u64);
+        out.push(method.tag());
+        out.extend_from_slice(&content_hash.to_le_bytes());
+        out.extend_from_slice(&stored);
+        self.stats.frames += 1;
+        self.stats.raw_bytes += self.body.len() as u64;
+        self.stats.output_bytes += (out.len() - start) as u64;
+    }
+
+    fn encode_unit(&mut self, unit: &[u8]) {
+        self.stats.units += 1;
+        let fp = self.fingerprinter.fingerprint(unit);
+        let next = self.window.next_id();
+        if let Some(&id) = self.exact.get(&fp) {
+            if self
+                .window
+                .get(id)
+                .is_some_and(|held| held.len() == unit.len())
+            {
+                self.ops.push(OP_REF);
+                varint::put(&mut self.ops, next - id);
+                self.stats.refs += 1;
+                self.stats.ref_bytes += unit.len() as u64;
+                return;
+            }
+        }
+        let features = match self.config.similarity {
+            Similarity::None => Vec::new(),
+            Similarity::Sketch(c) => c.sketch(unit),
+            Similarity::SuperFeatures(c) => c.super_features(unit),
+        };
+        if !self.try_delta(unit, &features, next) {
+            self.ops.push(OP_LITERAL);
+            varint::put(&mut self.ops, unit.len() as u64);
+            self.payload.extend_from_slice(unit);
+            self.stats.literals += 1;
+            self.stats.literal_bytes += unit.len() as u64;
+        }
+        let id = self.window.push(unit.to_vec());
+        self.exact.insert(fp, id);
+        if !features.is_empty() {
+            self.candidates.insert(id, &features);
+        }
+    }
+
+    /// Emits a delta op when a held similar unit gives a delta smaller than the unit.
+    fn try_delta(&mut self, unit: &[u8], features: &[u64], next: u64) -> bool {
+        if features.is_empty() {
+            return false;
+        }
+        let mut found = self.candidates.lookup(features);
+        found.retain(|c| self.window.get(c.id).is_some());
+        let cache_from = next.saturating_sub(self.config.cache_units);
+        let Some(id) = select_source(&found, |&id| id >= cache_from) else {
+            return false;
+        };
+        let source = self.window.get(id).expect("filtered to held units");
+        self.scratch.clear();
+        self.delta.encode(source, unit, &mut self.scratch);
+        if self.scratch.len() >= unit.len() {
+            return false;
+        }
+        self.ops.push(OP_DELTA);
+        varint::put(&mut self.ops, next - id);
+        varint::put(&mut self.ops, self.scratch.len() as u64);
+        varint::put(&mut self.ops, unit.len() as u64);
+        self.payload.extend_from_slice(&self.scratch);
+        self.stats.deltas += 1;
+        self.stats.delta_input_bytes += unit.len() as u64;
+        self.stats.delta_bytes += self.scratch.len() as u64;
+        true
+    }
+
+    /// What the encoder has done so far.
+    pub fn stats(&self) -> EncodeStats {
+        self.stats
+    }
+
+    /// Bytes of RAM held: the window, the exact index and the candidate index.
+    pub fn memory_bytes(&self) -> u64 {
+        self.window.bytes() + (self.exact.memory_bytes() + self.candidates.memory_bytes()) as u64
+    }
+
+    /// Bytes of RAM held by the indexes alone (what a deployment with an external store pays).
+    pub fn index_bytes(&self) -> u64 {
+        (self.exact.memory_bytes() + self.candidates.memory_bytes()) as u64
+    }
+}
