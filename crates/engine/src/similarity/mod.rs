@@ -13,6 +13,8 @@ mod candidates;
 mod sketch;
 mod superfeature;
 
-pub use self::candidates::{select_source, Candidate, CandidateIndex};
-pub use self::sketch::SketchConfig;
-pub use self::superfeature::{SuperFeatureConfig, SuperFeatureMethod};
+pub use self::candidates::{select_source, Candidate, CandidateIndex, CACHE_REWARD};
+pub use self::sketch::{SketchConfig, MAX_SKETCH_K};
+pub use self::superfeature::{
+    SuperFeatureConfig, SuperFeatureMethod, MAX_FEATURES, ODESS_SAMPLE_MASK,
+};
