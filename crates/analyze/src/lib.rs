@@ -87,7 +87,7 @@ impl Default for Options {
 }
 
 /// Residual bytes compressed in full before sampling starts.
-const FULL_COMPRESSION_BYTES: u64 = 1 << 30;
+const FULL_COMPRESSION_BYTES: u64 = 256 << 20;
 
 /// Runs the analysis; `progress` is called with the bytes read so far.
 pub fn analyze(

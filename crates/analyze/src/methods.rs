@@ -455,7 +455,11 @@ impl Runner for ExactRunner {
             ChunkerSpec::Cdc { avg, .. } => avg,
         };
         let chunk_cost = (self.opts.blake3_s_per_byte)(avg) * self.input_bytes as f64;
-        let cpu = self.cpu;
+        // Residual batches compressed during `feed` were charged to `self.cpu` too; the
+        // +zstd lines add the (extrapolated) compression cost themselves.
+        let fed_residual_cpu =
+            self.local.residual.cpu + self.global.as_ref().map_or(0.0, |g| g.residual.cpu);
+        let cpu = (self.cpu - fed_residual_cpu).max(0.0);
         let mut local = std::mem::replace(&mut self.local, ExactScope::new(1));
         let mut out = self.scope_result(&mut local, "local", cpu, chunk_cost);
         match self.global.take() {
@@ -572,13 +576,11 @@ impl Runner for SimilarityRunner {
 
     fn finish(mut self: Box<Self>) -> Vec<Measured> {
         self.retire_local();
-        let mut global = [(0u64, 0u64, 0u64, 0.0f64); 2];
-        for slot in 0..2 {
-            global[slot] = match &self.global[slot] {
+        let global: [(u64, u64, u64, f64); 2] =
+            std::array::from_fn(|slot| match &self.global[slot] {
                 Some(s) => s.totals(),
                 None => self.local_done[slot],
-            };
-        }
+            });
         let sum = |t: &[(u64, u64, u64, f64); 2]| {
             (
                 t[0].0 + t[1].0,
