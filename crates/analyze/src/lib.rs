@@ -20,11 +20,10 @@ pub mod report;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use dedupwire_engine::compress::Compression;
-use rayon::prelude::*;
 
 pub use crate::methods::{parse_methods, parse_size, MethodSpec};
 pub use crate::recommend::parse_link;
@@ -69,8 +68,6 @@ pub struct Options {
     pub compress_every: Option<u64>,
     /// Bytes of recent data the similarity method may use as delta sources.
     pub window_bytes: u64,
-    /// Worker threads (0: one per core).
-    pub threads: usize,
 }
 
 impl Default for Options {
@@ -81,7 +78,6 @@ impl Default for Options {
             link_bits_per_s: 100e6,
             compress_every: None,
             window_bytes: 1 << 30,
-            threads: 0,
         }
     }
 }
@@ -115,14 +111,25 @@ pub fn analyze(
         window_bytes: opts.window_bytes,
         blake3_s_per_byte,
     };
-    let mut runners = specs
+    let runners = specs
         .iter()
         .map(|s| methods::runner(*s, &ropts))
         .collect::<Result<Vec<_>, _>>()?;
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(opts.threads)
-        .build()
-        .map_err(|e| AnalyzeError::Usage(format!("cannot start worker threads: {e}")))?;
+    // Each method runs on its own thread behind a short queue, so a slow method never makes
+    // the fast ones wait at a per-batch barrier; batches are shared, not copied.
+    let workers: Vec<_> = runners
+        .into_iter()
+        .map(|mut runner| {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Arc<input::Batch>>(4);
+            let handle = std::thread::spawn(move || {
+                for batch in rx {
+                    runner.feed(&batch);
+                }
+                runner.finish()
+            });
+            (tx, handle)
+        })
+        .collect();
     let mut image_stats: Vec<report::ImageStats> = images
         .iter()
         .map(|i| report::ImageStats {
@@ -143,11 +150,22 @@ pub fn analyze(
         let st = &mut image_stats[batch.image];
         st.input_bytes += batch.data.len() as u64;
         st.items += batch.pieces.iter().filter(|p| p.item_end).count() as u64;
-        pool.install(|| runners.par_iter_mut().for_each(|r| r.feed(&batch)));
         done += batch.data.len() as u64;
+        let batch = Arc::new(batch);
+        for (tx, _) in &workers {
+            tx.send(Arc::clone(&batch))
+                .map_err(|_| AnalyzeError::Usage("a method worker stopped unexpectedly".into()))?;
+        }
         progress(done, disk_total);
     }
-    let measured: Vec<methods::Measured> = runners.into_iter().flat_map(|r| r.finish()).collect();
+    let mut measured: Vec<methods::Measured> = Vec::new();
+    for (tx, handle) in workers {
+        drop(tx);
+        let out = handle
+            .join()
+            .map_err(|_| AnalyzeError::Usage("a method worker panicked".into()))?;
+        measured.extend(out);
+    }
     Ok(report::build(
         image_stats,
         measured,

@@ -30,15 +30,12 @@ pub struct Args {
     /// Compression on top of dedup: zstd, zstd-LEVEL, lz4.
     #[arg(long, default_value = "zstd-3")]
     compression: String,
-    /// Compress 1 residual batch in N and extrapolate (default: 1 per GiB of input).
+    /// Compress 1 residual batch in N and extrapolate (default: 1 per 256 MiB of input).
     #[arg(long, value_name = "N")]
     sample: Option<u64>,
     /// Recent data the similarity method may use as delta sources (e.g. 512MiB, 2GiB).
     #[arg(long, default_value = "1GiB")]
     window: String,
-    /// Worker threads (default: one per core).
-    #[arg(long, default_value_t = 0)]
-    threads: usize,
     /// No progress bar and no table on stdout.
     #[arg(long, short)]
     quiet: bool,
@@ -65,7 +62,6 @@ pub fn run(args: Args) -> Result<()> {
         link_bits_per_s: link,
         compress_every: args.sample,
         window_bytes: window as u64,
-        threads: args.threads,
     };
     let bar = if args.quiet || !std::io::stderr().is_terminal() {
         ProgressBar::hidden()

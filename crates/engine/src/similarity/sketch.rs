@@ -267,9 +267,7 @@ mod tests {
             c64(8).sketch(&text(1000, 3)),
         ];
         let want: [Vec<u64>; 4] = [
-            vec![
-                0x9d9c2d5e04ad23b1,
-            ],
+            vec![0x9d9c2d5e04ad23b1],
             vec![
                 0xfdaf4b066e2b8102,
                 0xfd664b00efab8439,

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Every benchmark, ours and the peers side by side in one run; tables on stdout, JSON in
+# target/bench-results/. The machine is shared and noisy: each figure is a median of runs.
+#   bench/run.sh                 all benchmarks
+#   bench/run.sh chunking delta  some of them (chunking, delta, reduction, analyze)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+which=("$@")
+[ ${#which[@]} -gt 0 ] || which=(chunking delta reduction analyze)
+command -v xdelta3 >/dev/null || { apt-get update -qq && apt-get install -y -qq xdelta3 >/dev/null; }
+data=$(bash bench/fetch-data.sh | tail -n 1)
+cargo build --release -q -p dedupwire-bench -p dedupwire-cli
+out=target/bench-results
+mkdir -p "$out"
+bench=./target/release/dedupwire-bench
+for b in "${which[@]}"; do
+  echo "# $b"
+  case "$b" in
+    chunking) "$bench" chunking --json "$out/chunking.json" ;;
+    delta) "$bench" delta --data "$data" --json "$out/delta.json" ;;
+    reduction) "$bench" reduction --pkgs "$data/pkgs" --json "$out/reduction.json" ;;
+    analyze)
+      # End-to-end analysis speed: every method, both scopes, on all the benchmark data.
+      t0=$(date +%s.%N)
+      ./target/release/dedupwire analyze "$data"/pkgs/django-* "$data"/docs/*.jsonl \
+        --json "$out/analyze.json" --html "$out/analyze.html" -q
+      t1=$(date +%s.%N)
+      python3 - "$out/analyze.json" "$t0" "$t1" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1])); secs = float(sys.argv[3]) - float(sys.argv[2])
+print(f"analyze: {r['input_bytes']/1e6:.0f} MB, {len(r['methods'])} method lines, {secs:.1f} s wall, {r['input_bytes']/1e6/secs:.0f} MB/s")
+PY
+      ;;
+    *) echo "unknown benchmark $b" >&2; exit 2 ;;
+  esac
+done
