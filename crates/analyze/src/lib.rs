@@ -34,12 +34,12 @@ pub use crate::report::Report;
 #[non_exhaustive]
 pub enum AnalyzeError {
     /// Reading an input failed.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         /// The file or directory.
         path: PathBuf,
         /// The I/O error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The options do not make sense.
     #[error("{0}")]
@@ -47,10 +47,10 @@ pub enum AnalyzeError {
 }
 
 impl AnalyzeError {
-    pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
+    pub(crate) fn io(path: &Path, error: std::io::Error) -> Self {
         AnalyzeError::Io {
             path: path.to_path_buf(),
-            source,
+            error,
         }
     }
 }
@@ -64,7 +64,8 @@ pub struct Options {
     pub on_top: Compression,
     /// Link speed in bits per second the recommendation is made for.
     pub link_bits_per_s: f64,
-    /// Compress one residual batch in this many; `None` chooses from the input size.
+    /// After the first [`FULL_RESIDUAL_BATCHES`] batches of a residual stream, compress one
+    /// batch in this many and extrapolate (1: compress everything; `None`: one per 128 MiB of input).
     pub compress_every: Option<u64>,
     /// Bytes of recent data the similarity method may use as delta sources.
     pub window_bytes: u64,
@@ -82,8 +83,8 @@ impl Default for Options {
     }
 }
 
-/// Residual bytes compressed in full before sampling starts.
-const FULL_COMPRESSION_BYTES: u64 = 256 << 20;
+/// Residual batches (of 4 MiB) compressed in full before sampling starts: 64 MiB.
+pub const FULL_RESIDUAL_BATCHES: u64 = 16;
 
 /// Runs the analysis; `progress` is called with the bytes read so far.
 pub fn analyze(
@@ -103,7 +104,8 @@ pub fn analyze(
     let disk_total: u64 = images.iter().map(|i| i.disk_bytes).sum();
     let compress_every = opts
         .compress_every
-        .unwrap_or_else(|| disk_total.div_ceil(FULL_COMPRESSION_BYTES).max(1));
+        .unwrap_or_else(|| disk_total.div_ceil(128 << 20))
+        .clamp(1, 64);
     let ropts = methods::RunnerOptions {
         on_top: opts.on_top,
         compress_every,

@@ -234,16 +234,22 @@ impl Runner for CompressRunner {
     }
 }
 
-/// Compresses a residual stream in batches, sampling one batch in `every`.
+/// Compresses a residual stream in batches: the first [`crate::FULL_RESIDUAL_BATCHES`] in
+/// full, then one batch in `every`, estimating the rest from the sampled ones' ratio.
 struct Residual {
     buf: Vec<u8>,
     batches: u64,
     every: u64,
-    raw_total: u64,
-    raw_sampled: u64,
-    out_sampled: u64,
-    ratios: Vec<f64>,
-    cpu: f64,
+    /// Bytes in and out of the batches compressed in full.
+    full: (u64, u64),
+    /// Raw bytes of all tail batches, of the sampled ones, and the sampled ones' output.
+    tail_raw: u64,
+    tail_raw_sampled: u64,
+    tail_out_sampled: u64,
+    tail_ratios: Vec<f64>,
+    tail_batches: u64,
+    cpu_full: f64,
+    cpu_tail: f64,
 }
 
 impl Residual {
@@ -252,12 +258,19 @@ impl Residual {
             buf: Vec::with_capacity(BATCH_BYTES),
             batches: 0,
             every: every.max(1),
-            raw_total: 0,
-            raw_sampled: 0,
-            out_sampled: 0,
-            ratios: Vec::new(),
-            cpu: 0.0,
+            full: (0, 0),
+            tail_raw: 0,
+            tail_raw_sampled: 0,
+            tail_out_sampled: 0,
+            tail_ratios: Vec::new(),
+            tail_batches: 0,
+            cpu_full: 0.0,
+            cpu_tail: 0.0,
         }
+    }
+
+    fn cpu(&self) -> f64 {
+        self.cpu_full + self.cpu_tail
     }
 
     fn push(&mut self, data: &[u8], method: Compression) {
@@ -272,35 +285,60 @@ impl Residual {
             return;
         }
         let raw = self.buf.len() as u64;
-        self.raw_total += raw;
-        if self.batches % self.every == 0 {
-            let out = charge(&mut self.cpu, || method.compress(&self.buf).len() as u64);
-            self.raw_sampled += raw;
-            self.out_sampled += out;
-            self.ratios.push(out as f64 / raw as f64);
+        if self.batches < crate::FULL_RESIDUAL_BATCHES {
+            let out = charge(&mut self.cpu_full, || {
+                method.compress(&self.buf).len() as u64
+            });
+            self.full.0 += raw;
+            self.full.1 += out;
+        } else {
+            self.tail_raw += raw;
+            if self.tail_batches % self.every == 0 {
+                let out = charge(&mut self.cpu_tail, || {
+                    method.compress(&self.buf).len() as u64
+                });
+                self.tail_raw_sampled += raw;
+                self.tail_out_sampled += out;
+                self.tail_ratios.push(out as f64 / raw as f64);
+            }
+            self.tail_batches += 1;
         }
         self.batches += 1;
         self.buf.clear();
     }
 
-    /// Estimated compressed bytes, relative standard error, and estimated CPU for all batches.
+    /// Estimated compressed bytes, its relative standard error, and the CPU seconds that
+    /// compressing everything would take.
     fn estimate(&mut self, method: Compression) -> (u64, f64, f64) {
         self.flush(method);
-        if self.raw_sampled == 0 {
-            return (0, 0.0, 0.0);
+        if self.tail_raw_sampled == 0 {
+            return (self.full.1, 0.0, self.cpu_full);
         }
-        let scale = self.raw_total as f64 / self.raw_sampled as f64;
-        let est = (self.out_sampled as f64 * scale).round() as u64;
-        let n = self.ratios.len() as f64;
-        let rel = if self.every > 1 && n > 1.0 {
-            let mean = self.ratios.iter().sum::<f64>() / n;
-            let var = self.ratios.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n - 1.0);
-            let fpc = 1.0 - n / self.batches as f64;
-            (var / n * fpc.max(0.0)).sqrt() / mean.max(1e-12)
+        let scale = self.tail_raw as f64 / self.tail_raw_sampled as f64;
+        let tail = self.tail_out_sampled as f64 * scale;
+        let est = self.full.1 as f64 + tail;
+        let n = self.tail_ratios.len() as f64;
+        let tail_se = if n > 1.0 {
+            let mean = self.tail_ratios.iter().sum::<f64>() / n;
+            let var = self
+                .tail_ratios
+                .iter()
+                .map(|r| (r - mean).powi(2))
+                .sum::<f64>()
+                / (n - 1.0);
+            let fpc = (1.0 - n / self.tail_batches as f64).max(0.0);
+            (var / n * fpc).sqrt() * self.tail_raw as f64
+        } else if self.tail_batches > 1 {
+            // One sample cannot show its own spread: assume the worst plausible, ±50%.
+            0.5 * tail
         } else {
             0.0
         };
-        (est, rel, self.cpu * scale)
+        (
+            est.round() as u64,
+            tail_se / est.max(1.0),
+            self.cpu_full + self.cpu_tail * scale,
+        )
     }
 }
 
@@ -458,7 +496,7 @@ impl Runner for ExactRunner {
         // Residual batches compressed during `feed` were charged to `self.cpu` too; the
         // +zstd lines add the (extrapolated) compression cost themselves.
         let fed_residual_cpu =
-            self.local.residual.cpu + self.global.as_ref().map_or(0.0, |g| g.residual.cpu);
+            self.local.residual.cpu() + self.global.as_ref().map_or(0.0, |g| g.residual.cpu());
         let cpu = (self.cpu - fed_residual_cpu).max(0.0);
         let mut local = std::mem::replace(&mut self.local, ExactScope::new(1));
         let mut out = self.scope_result(&mut local, "local", cpu, chunk_cost);

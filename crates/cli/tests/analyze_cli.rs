@@ -1,0 +1,131 @@
+//! `dedupwire analyze` end to end: the binary on real files, its JSON shape, its errors.
+
+use std::path::Path;
+use std::process::Command;
+
+fn dedupwire() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_dedupwire"))
+}
+
+fn write_tree(dir: &Path, version: u32) {
+    std::fs::create_dir_all(dir.join("src")).unwrap();
+    let mut text = String::new();
+    for i in 0..3000 {
+        text.push_str(&format!(
+            "fn item_{i}() -> u32 {{ {} }}\n",
+            i * 7 + if i == 1500 { version } else { 0 }
+        ));
+    }
+    std::fs::write(dir.join("src/lib.rs"), &text).unwrap();
+    std::fs::write(dir.join("README"), format!("release {version}\n")).unwrap();
+    let noise: Vec<u8> = (0..200_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(dir.join("blob.bin"), noise).unwrap();
+}
+
+#[test]
+fn analyzes_two_releases_and_writes_stable_json_and_html() {
+    let tmp = tempdir();
+    write_tree(&tmp.join("v1"), 1);
+    write_tree(&tmp.join("v2"), 2);
+    let docs = tmp.join("docs.jsonl");
+    let mut lines = String::new();
+    for rev in 0..20 {
+        lines.push_str(&format!(
+            "{{\"op\":\"update\",\"_id\":\"a\",\"body\":\"{}\"}}\n",
+            "word ".repeat(200) + &rev.to_string()
+        ));
+    }
+    std::fs::write(&docs, lines).unwrap();
+    let json = tmp.join("r.json");
+    let html = tmp.join("r.html");
+    let out = dedupwire()
+        .args(["analyze", "--json"])
+        .arg(&json)
+        .arg("--html")
+        .arg(&html)
+        .arg(tmp.join("v1"))
+        .arg(tmp.join("v2"))
+        .arg(&docs)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("recommended for 100.0 Mbit/s"), "{text}");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    for key in ["input_bytes", "items", "methods", "recommendation"] {
+        assert!(r.get(key).is_some(), "missing {key}");
+    }
+    assert_eq!(r["items"], 3 + 3 + 20);
+    let methods = r["methods"].as_array().unwrap();
+    for m in methods {
+        for key in [
+            "name",
+            "family",
+            "scope",
+            "params",
+            "output_bytes",
+            "ratio",
+            "index_bytes",
+            "mb_per_s",
+        ] {
+            assert!(m.get(key).is_some(), "method lacks {key}: {m}");
+        }
+    }
+    let find = |name: &str, scope: &str| {
+        methods
+            .iter()
+            .find(|m| m["name"] == name && m["scope"] == scope)
+            .unwrap_or_else(|| panic!("no {name} {scope}"))["ratio"]
+            .as_f64()
+            .unwrap()
+    };
+    // The second release repeats the first: pooling finds it, each release alone does not.
+    assert!(find("exact-cdc-4KiB", "global") > 1.8 * find("exact-cdc-4KiB", "local"));
+    // 256 B chunks are measured because a document stream is present.
+    find("exact-cdc-256B", "global");
+    // Revisions of one document: similarity + delta beats exact dedup.
+    assert!(find("similarity", "global") > find("exact-cdc-4KiB", "global"));
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.matches("<svg").count() >= 3);
+}
+
+#[test]
+fn bad_input_gets_a_clear_error() {
+    let tmp = tempdir();
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["analyze", "/no/such/path"],
+            "/no/such/path: No such file or directory",
+        ),
+        (
+            &["analyze", "--methods", "bogus", "."],
+            "unknown method \"bogus\"",
+        ),
+        (&["analyze", "--methods", "cdc-3KiB", "."], "power of two"),
+        (&["analyze", "--link", "fast", "."], "--link \"fast\""),
+    ];
+    for (args, want) in cases {
+        let out = dedupwire().current_dir(&tmp).args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+fn tempdir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "dedupwire-cli-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
