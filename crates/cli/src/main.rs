@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod cmd_analyze;
+mod cmd_replicate;
 
 #[derive(Parser)]
 #[command(
@@ -21,12 +22,15 @@ struct Cli {
 enum Cmd {
     /// Measure how much each dedup method would save on your data, and what it costs.
     Analyze(cmd_analyze::Args),
+    /// Ship a database's change stream with similarity dedup (sDedup).
+    Replicate(cmd_replicate::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Analyze(a) => cmd_analyze::run(a),
+        Cmd::Replicate(a) => cmd_replicate::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

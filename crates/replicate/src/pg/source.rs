@@ -1,0 +1,655 @@
+//! [`PgSource`]: a document table's changes from a logical replication slot (wal2json).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use postgres::Client;
+
+use super::wal2json::{self, Numbering, Record, RowChange, Value};
+use super::{
+    connect, format_lsn, inspect_table, parse_lsn, query_err, PgError, TableInfo, TableName,
+};
+use crate::{Change, ChangeSource, Op};
+
+/// Which tables a [`PgSource`] replicates.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Tables {
+    /// Every plain table that has a column `body` and a column `id` that is its primary key,
+    /// including tables created after the source was opened (looked up when their first
+    /// change is seen).
+    #[default]
+    All,
+    /// These tables (`name` for `public.name`, or `schema.name`), checked when the source
+    /// opens: each must exist and have `id` (its primary key) and `body`. Only their changes
+    /// are decoded (wal2json `add-tables`).
+    Only(Vec<String>),
+}
+
+/// How a [`PgSource`] is set up.
+#[derive(Debug, Clone)]
+pub struct PgSourceConfig {
+    /// The logical replication slot (created with the wal2json plugin if missing). One slot
+    /// per replica; only the source advances it.
+    pub slot: String,
+    /// Which tables to replicate.
+    pub tables: Tables,
+    /// Set `REPLICA IDENTITY FULL` on every replicated table that does not have it (needs the
+    /// table's owner). Without it an update that leaves a large (TOASTed) body unchanged, e.g.
+    /// one that changes another column or only the key, carries no body and `poll` fails.
+    pub replica_identity_full: bool,
+    /// Skip `TRUNCATE`s of replicated tables instead of failing on them (a truncate names no
+    /// documents, so the replica would keep the rows).
+    pub skip_truncate: bool,
+    /// How long `poll` waits for a change when there is none (once, then returns empty).
+    pub idle_wait: Duration,
+}
+
+impl Default for PgSourceConfig {
+    fn default() -> Self {
+        PgSourceConfig {
+            slot: "dedupwire".to_string(),
+            tables: Tables::All,
+            replica_identity_full: true,
+            skip_truncate: false,
+            idle_wait: Duration::from_millis(100),
+        }
+    }
+}
+
+impl PgSourceConfig {
+    /// The defaults with slot `slot`.
+    pub fn with_slot(slot: impl Into<String>) -> Self {
+        PgSourceConfig {
+            slot: slot.into(),
+            ..Self::default()
+        }
+    }
+}
+
+/// A restart point seen in the last decoded window: the slot may move to `lsn` once every
+/// change numbered before it (the last of which is `covered`) is acknowledged.
+#[derive(Debug, Clone, Copy)]
+struct Restart {
+    covered: Option<u64>,
+    lsn: u64,
+}
+
+/// A change, or why the record at `pos` cannot be one.
+type Item = Result<Change, (u64, PgError)>;
+
+/// Changes of document tables read from a logical replication slot with the wal2json plugin.
+///
+/// `poll` *peeks* (`pg_logical_slot_peek_changes`), so nothing is consumed: the slot keeps
+/// every change until `ack`, and a source reopened after a crash returns the unacknowledged
+/// changes again, with the same positions.
+///
+/// **Positions.** A change's `pos` is its own LSN when that is greater than the previous
+/// change's `pos`, else the previous `pos` + 1: changes come in commit order, and a transaction
+/// that committed later may have written earlier than one before it (interleaved
+/// transactions), so raw LSNs would go backwards. An update that changes `id` becomes a delete
+/// of the old key at `pos` and an insert of the new one at `pos + 1`. The end of a commit after
+/// which numbering is back on the WAL (the next `pos` is at least that LSN: always so unless
+/// interleaving pushed positions past it) is a *restart point*; numbering from it gives the same
+/// positions as numbering from any earlier restart point. The slot's `confirmed_flush_lsn` only
+/// ever moves to restart points.
+///
+/// **Acknowledging.** `ack(pos)` moves the slot to the last restart point all of whose changes
+/// are at or before `pos` (a transaction is only released whole; acknowledging part of one
+/// keeps it in the slot, and `poll` then skips its acknowledged changes). Transactions with no
+/// change to a replicated table are released as soon as everything before them is.
+///
+/// After a restart, call `ack(sink.applied_position())` before the first `poll` to skip what
+/// the replica already has (or let the sink skip it: it ignores positions at or before its
+/// own). Do not advance or consume the slot by other means while a replica depends on it.
+pub struct PgSource {
+    client: Client,
+    config: PgSourceConfig,
+    /// wal2json `add-tables` for [`Tables::Only`].
+    add_tables: Option<String>,
+    /// Document tables by name; `None` = seen, not a document table (forgotten every poll).
+    tables: HashMap<TableName, Option<TableInfo>>,
+    /// Highest acknowledged position.
+    acked: Option<u64>,
+    /// The slot's `confirmed_flush_lsn` as last read or set.
+    confirmed: u64,
+    /// Restart points of the last decoded window, in order.
+    restarts: Vec<Restart>,
+}
+
+impl std::fmt::Debug for PgSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgSource")
+            .field("config", &self.config)
+            .field("acked", &self.acked)
+            .field("confirmed", &format_lsn(self.confirmed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgSource {
+    /// Connects (`conn`: `host=... port=... dbname=... user=...` or a `postgresql://` URL),
+    /// checks `wal_level`, checks the tables (and sets `REPLICA IDENTITY FULL` if configured),
+    /// and creates the slot with the wal2json plugin if it does not exist. Creating a slot waits
+    /// for transactions running at that moment to finish.
+    pub fn connect(conn: &str, config: PgSourceConfig) -> Result<Self, PgError> {
+        let mut client = connect(conn, "dedupwire-source")?;
+        let wal_level: String = client
+            .query_one("SHOW wal_level", &[])
+            .map_err(query_err("reading wal_level"))?
+            .get(0);
+        if wal_level != "logical" {
+            return Err(PgError::Setup(format!(
+                "wal_level is '{wal_level}', logical decoding needs wal_level = logical \
+                 (set it in postgresql.conf or with ALTER SYSTEM, then restart the server)"
+            )));
+        }
+        let mut source = PgSource {
+            client,
+            add_tables: None,
+            tables: HashMap::new(),
+            acked: None,
+            confirmed: 0,
+            restarts: Vec::new(),
+            config,
+        };
+        source.setup_tables()?;
+        source.ensure_slot()?;
+        source.confirmed = source.read_confirmed()?;
+        Ok(source)
+    }
+
+    /// The slot's name.
+    pub fn slot(&self) -> &str {
+        &self.config.slot
+    }
+
+    /// The collections this source replicates so far (for [`Tables::All`], those seen).
+    pub fn collections(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .tables
+            .iter()
+            .filter(|(_, info)| info.is_some())
+            .map(|(name, _)| name.collection())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// The slot's `confirmed_flush_lsn`: everything before it is released.
+    pub fn confirmed_flush_lsn(&mut self) -> Result<u64, PgError> {
+        self.confirmed = self.read_confirmed()?;
+        Ok(self.confirmed)
+    }
+
+    /// Drops the replication slot (the server then stops keeping WAL for it). Replication
+    /// from this slot cannot resume afterwards.
+    pub fn drop_slot(mut self) -> Result<(), PgError> {
+        let slot = self.config.slot.clone();
+        self.client
+            .execute("SELECT pg_drop_replication_slot($1::text::name)", &[&slot])
+            .map_err(query_err(format!("dropping replication slot {slot}")))?;
+        Ok(())
+    }
+
+    fn setup_tables(&mut self) -> Result<(), PgError> {
+        let names: Vec<TableName> = match &self.config.tables {
+            Tables::Only(list) => {
+                if list.is_empty() {
+                    return Err(PgError::Setup("the table list is empty".to_string()));
+                }
+                let names: Vec<TableName> = list.iter().map(|t| TableName::parse(t)).collect();
+                for name in &names {
+                    let info =
+                        inspect_table(&mut self.client, name)?.ok_or_else(|| PgError::Table {
+                            table: name.to_string(),
+                            problem: "does not exist (or is not a plain table) in this database"
+                                .to_string(),
+                        })?;
+                    self.tables.insert(name.clone(), Some(info));
+                }
+                let spec: Vec<String> = names
+                    .iter()
+                    .map(|n| {
+                        format!(
+                            "{}.{}",
+                            escape_add_tables(&n.schema),
+                            escape_add_tables(&n.table)
+                        )
+                    })
+                    .collect();
+                self.add_tables = Some(spec.join(","));
+                names
+            }
+            Tables::All => {
+                let rows = self
+                    .client
+                    .query(
+                        "SELECT n.nspname::text, c.relname::text
+                           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                          WHERE c.relkind = 'r'
+                            AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%'
+                            AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid
+                                          AND a.attname = 'body' AND a.attnum > 0 AND NOT a.attisdropped)
+                          ORDER BY 1, 2",
+                        &[],
+                    )
+                    .map_err(query_err("listing document tables"))?;
+                let mut names = Vec::new();
+                for row in rows {
+                    let name = TableName {
+                        schema: row.get(0),
+                        table: row.get(1),
+                    };
+                    // Tables with a `body` but no `id` primary key are not document tables.
+                    if let Ok(Some(info)) = inspect_table(&mut self.client, &name) {
+                        self.tables.insert(name.clone(), Some(info));
+                        names.push(name);
+                    }
+                }
+                names
+            }
+        };
+        for name in names {
+            self.ensure_identity(&name)?;
+        }
+        Ok(())
+    }
+
+    /// Sets REPLICA IDENTITY FULL on a document table if configured and missing.
+    fn ensure_identity(&mut self, name: &TableName) -> Result<(), PgError> {
+        let Some(Some(info)) = self.tables.get(name) else {
+            return Ok(());
+        };
+        if !self.config.replica_identity_full || info.replident == 'f' {
+            return Ok(());
+        }
+        self.client
+            .batch_execute(&format!("ALTER TABLE {} REPLICA IDENTITY FULL", name.quoted()))
+            .map_err(|e| PgError::Table {
+                table: name.to_string(),
+                problem: format!(
+                    "cannot set REPLICA IDENTITY FULL (needed so that an update that leaves a large body \
+                     unchanged still carries it; connect as the table's owner, or set it yourself, or turn \
+                     replica_identity_full off): {e}"
+                ),
+            })?;
+        if let Some(Some(info)) = self.tables.get_mut(name) {
+            info.replident = 'f';
+        }
+        Ok(())
+    }
+
+    fn ensure_slot(&mut self) -> Result<(), PgError> {
+        let slot = self.config.slot.clone();
+        let row = self
+            .client
+            .query_opt(
+                "SELECT plugin::text, slot_type, database::text, current_database()::text
+                   FROM pg_replication_slots WHERE slot_name = $1::text::name",
+                &[&slot],
+            )
+            .map_err(query_err("reading pg_replication_slots"))?;
+        if let Some(row) = row {
+            let plugin: Option<String> = row.get(0);
+            let kind: String = row.get(1);
+            let database: Option<String> = row.get(2);
+            let current: String = row.get(3);
+            if kind != "logical" || plugin.as_deref() != Some("wal2json") {
+                return Err(PgError::Setup(format!(
+                    "replication slot {slot} exists but is a {kind} slot with plugin {}; it must be a \
+                     logical slot with plugin wal2json (choose another slot name)",
+                    plugin.as_deref().unwrap_or("(none)")
+                )));
+            }
+            if database.as_deref() != Some(current.as_str()) {
+                return Err(PgError::Setup(format!(
+                    "replication slot {slot} belongs to database {}, not {current} (choose another slot name)",
+                    database.as_deref().unwrap_or("(none)")
+                )));
+            }
+            return Ok(());
+        }
+        self.client
+            .execute(
+                "SELECT pg_create_logical_replication_slot($1::text::name, 'wal2json')",
+                &[&slot],
+            )
+            .map_err(|e| {
+                let text = e.to_string();
+                if text.contains("wal2json") && (text.contains("could not access file") || text.contains("No such file")) {
+                    PgError::Setup(format!(
+                        "the wal2json output plugin is not installed on the server \
+                         (Debian/Ubuntu: apt-get install postgresql-15-wal2json, matching the server's version): {text}"
+                    ))
+                } else {
+                    PgError::Query {
+                        context: format!("creating logical replication slot {slot} (needs the REPLICATION attribute and a free slot)"),
+                        source: e,
+                    }
+                }
+            })?;
+        Ok(())
+    }
+
+    fn read_confirmed(&mut self) -> Result<u64, PgError> {
+        let slot = self.config.slot.clone();
+        let row = self
+            .client
+            .query_opt(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1::text::name",
+                &[&slot],
+            )
+            .map_err(query_err("reading the slot's confirmed_flush_lsn"))?;
+        let Some(row) = row else {
+            return Err(PgError::Setup(format!(
+                "replication slot {slot} does not exist (any more)"
+            )));
+        };
+        let text: Option<String> = row.get(0);
+        text.as_deref().and_then(parse_lsn).ok_or_else(|| {
+            PgError::Setup(format!(
+                "replication slot {slot} has no confirmed_flush_lsn"
+            ))
+        })
+    }
+
+    /// Peeks up to about `limit` rows (whole transactions) from the slot's restart point;
+    /// returns the restart point and the rows. Retries if the slot moved meanwhile.
+    fn peek(&mut self, limit: usize) -> Result<(u64, Vec<(u64, String)>), PgError> {
+        let slot = self.config.slot.clone();
+        let mut options: Vec<String> = wal2json::OPTIONS.iter().map(|s| s.to_string()).collect();
+        if let Some(add) = &self.add_tables {
+            options.push("add-tables".to_string());
+            options.push(add.clone());
+        }
+        let limit = i32::try_from(limit).unwrap_or(i32::MAX);
+        loop {
+            let start = self.read_confirmed()?;
+            let rows = self
+                .client
+                .query(
+                    "SELECT lsn::text, data FROM pg_logical_slot_peek_changes($1::text::name, NULL, $2::int4, VARIADIC $3::text[])",
+                    &[&slot, &limit, &options],
+                )
+                .map_err(query_err(format!("peeking changes from slot {slot}")))?;
+            if self.read_confirmed()? != start {
+                continue;
+            }
+            self.confirmed = start;
+            let mut out = Vec::with_capacity(rows.len());
+            for row in rows {
+                let lsn_text: String = row.get(0);
+                let lsn = parse_lsn(&lsn_text).ok_or_else(|| PgError::Unsupported {
+                    pos: None,
+                    lsn: lsn_text.clone(),
+                    problem: "unreadable LSN".to_string(),
+                })?;
+                out.push((lsn, row.get(1)));
+            }
+            return Ok((start, out));
+        }
+    }
+
+    /// Whether `name` is a replicated document table (looked up once per poll for unknown
+    /// tables in [`Tables::All`] mode).
+    fn is_document_table(&mut self, name: &TableName) -> Result<bool, PgError> {
+        if let Some(entry) = self.tables.get(name) {
+            return Ok(entry.is_some());
+        }
+        if matches!(self.config.tables, Tables::Only(_)) {
+            return Ok(false);
+        }
+        let info = match inspect_table(&mut self.client, name) {
+            Ok(info) => info,
+            // It has changed since: not (or no longer) a document table.
+            Err(PgError::Table { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        let found = info.is_some();
+        self.tables.insert(name.clone(), info);
+        if found {
+            self.ensure_identity(name)?;
+        }
+        Ok(found)
+    }
+
+    /// Numbers the rows from restart point `start`, turns document-table records into items,
+    /// and records the window's restart points.
+    fn decode(&mut self, start: u64, rows: &[(u64, String)]) -> Result<Vec<Item>, PgError> {
+        let mut numbering = Numbering::new(start);
+        let mut items = Vec::new();
+        let mut covered: Option<u64> = None;
+        let mut restarts = Vec::new();
+        for (lsn, data) in rows {
+            let record = wal2json::parse(data).map_err(|problem| PgError::Unsupported {
+                pos: None,
+                lsn: format_lsn(*lsn),
+                problem,
+            })?;
+            match record {
+                Record::Begin | Record::Other => {}
+                Record::Commit => {
+                    if numbering.commit(*lsn) {
+                        restarts.push(Restart { covered, lsn: *lsn });
+                    }
+                }
+                Record::Change(change) => {
+                    let width = change.width();
+                    let pos = numbering.change(*lsn, width);
+                    let name = TableName {
+                        schema: change.schema.clone(),
+                        table: change.table.clone(),
+                    };
+                    if !self.is_document_table(&name)? {
+                        continue;
+                    }
+                    match self.to_changes(&name, &change, pos) {
+                        // A skipped truncate: nothing to acknowledge.
+                        Ok(changes) if changes.is_empty() => {}
+                        Ok(changes) => {
+                            covered = changes.last().map(|c| c.pos);
+                            items.extend(changes.into_iter().map(Ok));
+                        }
+                        Err(problem) => {
+                            covered = Some(pos + width - 1);
+                            items.push(Err((
+                                pos,
+                                PgError::Unsupported {
+                                    pos: Some(pos),
+                                    lsn: format_lsn(*lsn),
+                                    problem: format!("table {name}: {problem}"),
+                                },
+                            )));
+                        }
+                    }
+                }
+            }
+        }
+        self.restarts = restarts;
+        Ok(items)
+    }
+
+    /// The document changes of one record at `pos` (none for a skipped truncate).
+    fn to_changes(
+        &self,
+        name: &TableName,
+        change: &RowChange,
+        pos: u64,
+    ) -> Result<Vec<Change>, String> {
+        let collection = name.collection();
+        let make = |pos: u64, op: Op, id: String, doc: Option<Vec<u8>>| Change {
+            pos,
+            op,
+            collection: collection.clone(),
+            id,
+            doc,
+        };
+        let key = |v: Option<&Value>, which: &str| match v {
+            Some(Value::Text(s)) => Ok(s.clone()),
+            Some(Value::Null) => Err(format!("the {which} key `id` is NULL")),
+            None => Err(format!(
+                "the change carries no {which} key `id` (is the table's REPLICA IDENTITY NOTHING?)"
+            )),
+        };
+        // SQL NULL bodies travel as the JSON document `null`.
+        let doc = |v: &Value| match v {
+            Value::Text(s) => s.clone().into_bytes(),
+            Value::Null => b"null".to_vec(),
+        };
+        match change.action {
+            'I' => {
+                let id = key(change.new_value("id"), "new")?;
+                let body = change
+                    .new_value("body")
+                    .ok_or("the insert carries no `body`")?;
+                Ok(vec![make(pos, Op::Insert, id, Some(doc(body)))])
+            }
+            'U' => {
+                let id = key(change.new_value("id").or(change.old_value("id")), "new")?;
+                // An unchanged TOASTed body is left out of the new row; with REPLICA IDENTITY
+                // FULL the old row has it (and it is unchanged).
+                let body = change.new_value("body").or(change.old_value("body")).ok_or(
+                    "the update carries no `body` (the body is large, unchanged, and the table's \
+                     REPLICA IDENTITY is not FULL: set it with ALTER TABLE ... REPLICA IDENTITY FULL, \
+                     then advance the slot past this change)",
+                )?;
+                if change.moves_key() {
+                    let old = key(change.old_value("id"), "old")?;
+                    Ok(vec![
+                        make(pos, Op::Delete, old, None),
+                        make(pos + 1, Op::Insert, id, Some(doc(body))),
+                    ])
+                } else {
+                    Ok(vec![make(pos, Op::Update, id, Some(doc(body)))])
+                }
+            }
+            'D' => {
+                let id = key(change.old_value("id"), "old")?;
+                Ok(vec![make(pos, Op::Delete, id, None)])
+            }
+            'T' if self.config.skip_truncate => Ok(Vec::new()),
+            'T' => Err(format!(
+                "TRUNCATE cannot be replicated document by document (the replica keeps its rows); \
+                 truncate the replica's table too and advance the slot past this change with \
+                 pg_replication_slot_advance('{}', ...), or set skip_truncate",
+                self.config.slot
+            )),
+            other => Err(format!("unknown wal2json action {other:?}")),
+        }
+    }
+
+    /// Moves the slot to the last restart point whose changes are all acknowledged.
+    fn release(&mut self) -> Result<(), PgError> {
+        let acked = self.acked;
+        let target = self
+            .restarts
+            .iter()
+            .filter(|r| match r.covered {
+                None => true,
+                Some(c) => acked.is_some_and(|a| c <= a),
+            })
+            .map(|r| r.lsn)
+            .max();
+        let Some(target) = target else { return Ok(()) };
+        if target <= self.confirmed {
+            return Ok(());
+        }
+        let slot = self.config.slot.clone();
+        let lsn = format_lsn(target);
+        self.client
+            .execute(
+                "SELECT pg_replication_slot_advance($1::text::name, $2::text::pg_lsn)",
+                &[&slot, &lsn],
+            )
+            .map_err(query_err(format!("advancing slot {slot} to {lsn}")))?;
+        self.confirmed = target;
+        self.restarts.retain(|r| r.lsn > target);
+        Ok(())
+    }
+
+    fn poll_once(&mut self, max: usize) -> Result<Vec<Change>, PgError> {
+        // Tables that were not document tables may have become ones.
+        self.tables.retain(|_, info| info.is_some());
+        let mut limit = max.saturating_mul(3).saturating_add(64);
+        loop {
+            let (start, rows) = self.peek(limit)?;
+            let exhausted = rows.len() < limit || limit >= i32::MAX as usize;
+            let items = self.decode(start, &rows)?;
+            self.release()?;
+            let mut out = Vec::new();
+            for item in items {
+                let pos = match &item {
+                    Ok(c) => c.pos,
+                    Err((pos, _)) => *pos,
+                };
+                if self.acked.is_some_and(|a| pos <= a) {
+                    continue;
+                }
+                match item {
+                    Ok(change) => {
+                        out.push(change);
+                        if out.len() == max {
+                            return Ok(out);
+                        }
+                    }
+                    // Deliver what comes before a bad change; fail when it is next.
+                    Err((_, e)) if out.is_empty() => return Err(e),
+                    Err(_) => return Ok(out),
+                }
+            }
+            if exhausted {
+                return Ok(out);
+            }
+            limit = limit.saturating_mul(2);
+        }
+    }
+}
+
+impl ChangeSource for PgSource {
+    type Error = PgError;
+
+    /// Up to `max` changes after the last acknowledged position, in commit order. Waits
+    /// [`PgSourceConfig::idle_wait`] once when there are none. Consumes nothing: without an
+    /// `ack`, the next `poll` returns the same changes.
+    fn poll(&mut self, max: usize) -> Result<Vec<Change>, PgError> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let out = self.poll_once(max)?;
+        if !out.is_empty() || self.config.idle_wait.is_zero() {
+            return Ok(out);
+        }
+        std::thread::sleep(self.config.idle_wait);
+        self.poll_once(max)
+    }
+
+    /// Records that everything up to `pos` is applied and moves the slot as far as whole
+    /// transactions allow.
+    fn ack(&mut self, pos: u64) -> Result<(), PgError> {
+        self.acked = Some(self.acked.map_or(pos, |a| a.max(pos)));
+        self.release()
+    }
+}
+
+/// Escapes a name for wal2json's `add-tables` (`.`, `,`, `*`, space, quote, backslash).
+fn escape_add_tables(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for ch in name.chars() {
+        if matches!(ch, '.' | ',' | '*' | ' ' | '\'' | '\\') {
+            out.push('\\');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::escape_add_tables;
+
+    #[test]
+    fn add_tables_escaping() {
+        assert_eq!(escape_add_tables("docs"), "docs");
+        assert_eq!(escape_add_tables("a.b,c*d e'f"), "a\\.b\\,c\\*d\\ e\\'f");
+    }
+}
