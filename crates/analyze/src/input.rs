@@ -150,10 +150,9 @@ fn read_files(
         loop {
             let start = batch.data.len();
             let want = BATCH_BYTES - start;
-            batch.data.resize(BATCH_BYTES, 0);
-            let n = read_full(&mut file, &mut batch.data[start..start + want])
+            // `take` + `read_to_end` appends into spare capacity without zero-filling it first.
+            let n = read_up_to(&mut file, want, &mut batch.data)
                 .map_err(|e| AnalyzeError::io(path, e))?;
-            batch.data.truncate(start + n);
             let item_end = n < want;
             if n > 0 || item_end {
                 batch.pieces.push(Piece {
@@ -179,17 +178,18 @@ fn read_files(
     Ok(())
 }
 
-fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match r.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
+fn read_up_to(r: &mut impl Read, want: usize, out: &mut Vec<u8>) -> io::Result<usize> {
+    let before = out.len();
+    loop {
+        match r
+            .take((want - (out.len() - before)) as u64)
+            .read_to_end(out)
+        {
+            Ok(_) => return Ok(out.len() - before),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(n)
 }
 
 fn read_documents(

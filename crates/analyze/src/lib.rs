@@ -83,8 +83,8 @@ impl Default for Options {
     }
 }
 
-/// Residual batches (of 4 MiB) compressed in full before sampling starts: 64 MiB.
-pub const FULL_RESIDUAL_BATCHES: u64 = 16;
+/// Residual batches (of 4 MiB) compressed in full before sampling starts: 16 MiB.
+pub const FULL_RESIDUAL_BATCHES: u64 = 4;
 
 /// Runs the analysis; `progress` is called with the bytes read so far.
 pub fn analyze(

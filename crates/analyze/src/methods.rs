@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::fmt;
 
 use dedupwire_engine::chunk::{size_label, ChunkerSpec};
-use dedupwire_engine::compress::Compression;
+use dedupwire_engine::compress::{Compression, Compressor};
 use dedupwire_engine::exact_index::PassThrough;
 use dedupwire_engine::fingerprint::fast_id;
 use dedupwire_engine::pipeline::{Encoder, PipelineConfig};
@@ -197,6 +197,7 @@ pub struct RunnerOptions {
 
 struct CompressRunner {
     method: Compression,
+    compressor: Compressor,
     out: u64,
     cpu: f64,
 }
@@ -205,6 +206,7 @@ impl CompressRunner {
     fn new(method: Compression) -> Self {
         CompressRunner {
             method,
+            compressor: Compressor::new(method),
             out: 0,
             cpu: 0.0,
         }
@@ -213,8 +215,8 @@ impl CompressRunner {
 
 impl Runner for CompressRunner {
     fn feed(&mut self, batch: &Batch) {
-        let m = self.method;
-        self.out += charge(&mut self.cpu, || m.compress(&batch.data).len() as u64);
+        let c = &mut self.compressor;
+        self.out += charge(&mut self.cpu, || c.compress(&batch.data).len() as u64);
     }
 
     fn finish(self: Box<Self>) -> Vec<Measured> {
@@ -237,6 +239,7 @@ impl Runner for CompressRunner {
 /// Compresses a residual stream in batches: the first [`crate::FULL_RESIDUAL_BATCHES`] in
 /// full, then one batch in `every`, estimating the rest from the sampled ones' ratio.
 struct Residual {
+    compressor: Compressor,
     buf: Vec<u8>,
     batches: u64,
     every: u64,
@@ -253,8 +256,9 @@ struct Residual {
 }
 
 impl Residual {
-    fn new(every: u64) -> Self {
+    fn new(every: u64, method: Compression) -> Self {
         Residual {
+            compressor: Compressor::new(method),
             buf: Vec::with_capacity(BATCH_BYTES),
             batches: 0,
             every: every.max(1),
@@ -273,21 +277,21 @@ impl Residual {
         self.cpu_full + self.cpu_tail
     }
 
-    fn push(&mut self, data: &[u8], method: Compression) {
+    fn push(&mut self, data: &[u8]) {
         self.buf.extend_from_slice(data);
         if self.buf.len() >= BATCH_BYTES {
-            self.flush(method);
+            self.flush();
         }
     }
 
-    fn flush(&mut self, method: Compression) {
+    fn flush(&mut self) {
         if self.buf.is_empty() {
             return;
         }
         let raw = self.buf.len() as u64;
         if self.batches < crate::FULL_RESIDUAL_BATCHES {
             let out = charge(&mut self.cpu_full, || {
-                method.compress(&self.buf).len() as u64
+                self.compressor.compress(&self.buf).len() as u64
             });
             self.full.0 += raw;
             self.full.1 += out;
@@ -295,7 +299,7 @@ impl Residual {
             self.tail_raw += raw;
             if self.tail_batches % self.every == 0 {
                 let out = charge(&mut self.cpu_tail, || {
-                    method.compress(&self.buf).len() as u64
+                    self.compressor.compress(&self.buf).len() as u64
                 });
                 self.tail_raw_sampled += raw;
                 self.tail_out_sampled += out;
@@ -309,8 +313,8 @@ impl Residual {
 
     /// Estimated compressed bytes, its relative standard error, and the CPU seconds that
     /// compressing everything would take.
-    fn estimate(&mut self, method: Compression) -> (u64, f64, f64) {
-        self.flush(method);
+    fn estimate(&mut self) -> (u64, f64, f64) {
+        self.flush();
         if self.tail_raw_sampled == 0 {
             return (self.full.1, 0.0, self.cpu_full);
         }
@@ -351,21 +355,21 @@ struct ExactScope {
 }
 
 impl ExactScope {
-    fn new(every: u64) -> Self {
+    fn new(every: u64, on_top: Compression) -> Self {
         ExactScope {
             index: HashSet::default(),
             unique_bytes: 0,
             chunks: 0,
             peak_entries: 0,
-            residual: Residual::new(every),
+            residual: Residual::new(every, on_top),
         }
     }
 
-    fn add(&mut self, id: u128, chunk: &[u8], on_top: Compression) {
+    fn add(&mut self, id: u128, chunk: &[u8]) {
         self.chunks += 1;
         if self.index.insert(id) {
             self.unique_bytes += chunk.len() as u64;
-            self.residual.push(chunk, on_top);
+            self.residual.push(chunk);
         }
     }
 
@@ -396,23 +400,22 @@ impl ExactRunner {
             chunker: PushChunker::new(chunker),
             opts: opts.clone(),
             image: None,
-            local: ExactScope::new(opts.compress_every),
+            local: ExactScope::new(opts.compress_every, opts.on_top),
             global: opts
                 .several_images
-                .then(|| ExactScope::new(opts.compress_every)),
+                .then(|| ExactScope::new(opts.compress_every, opts.on_top)),
             cpu: 0.0,
             input_bytes: 0,
         })
     }
 
     fn chunk_piece(&mut self, data: &[u8], item_end: bool) {
-        let on_top = self.opts.on_top;
         let (local, global) = (&mut self.local, &mut self.global);
         let mut add = |chunk: &[u8]| {
             let id = fast_id(chunk);
-            local.add(id, chunk, on_top);
+            local.add(id, chunk);
             if let Some(g) = global.as_mut() {
-                g.add(id, chunk, on_top);
+                g.add(id, chunk);
             }
         };
         self.chunker.push(data, item_end, &mut add);
@@ -426,7 +429,7 @@ impl ExactRunner {
         chunk_cost: f64,
     ) -> Vec<Measured> {
         let on_top = self.opts.on_top;
-        let (z_bytes, rel, z_cpu) = scope.residual.estimate(on_top);
+        let (z_bytes, rel, z_cpu) = scope.residual.estimate();
         let refs = scope.chunks * REF_BYTES;
         let peak = scope.peak_entries.max(scope.index.len()) as u64;
         let family = match self.spec {
@@ -498,7 +501,7 @@ impl Runner for ExactRunner {
         let fed_residual_cpu =
             self.local.residual.cpu() + self.global.as_ref().map_or(0.0, |g| g.residual.cpu());
         let cpu = (self.cpu - fed_residual_cpu).max(0.0);
-        let mut local = std::mem::replace(&mut self.local, ExactScope::new(1));
+        let mut local = std::mem::replace(&mut self.local, ExactScope::new(1, Compression::None));
         let mut out = self.scope_result(&mut local, "local", cpu, chunk_cost);
         match self.global.take() {
             Some(mut g) => out.extend(self.scope_result(&mut g, "global", cpu, chunk_cost)),

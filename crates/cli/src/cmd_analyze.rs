@@ -30,7 +30,7 @@ pub struct Args {
     /// Compression on top of dedup: zstd, zstd-LEVEL, lz4.
     #[arg(long, default_value = "zstd-3")]
     compression: String,
-    /// After the first 64 MiB of each residual stream, compress 1 batch (4 MiB) in N and
+    /// After the first 16 MiB of each residual stream, compress 1 batch (4 MiB) in N and
     /// extrapolate, stating the error; 1 compresses everything [default: 1 per 128 MiB of input].
     #[arg(long, value_name = "N")]
     sample: Option<u64>,

@@ -78,6 +78,48 @@ impl Compression {
     }
 }
 
+/// A compressor that keeps its zstd context between calls: for per-batch compression in a
+/// loop, where building a context (and zeroing its tables) each time would cost more than a
+/// small batch's compression.
+pub struct Compressor {
+    method: Compression,
+    zstd: Option<zstd::bulk::Compressor<'static>>,
+}
+
+impl Compressor {
+    /// A compressor for `method`.
+    pub fn new(method: Compression) -> Self {
+        let zstd = match method {
+            Compression::Zstd(level) => {
+                Some(zstd::bulk::Compressor::new(level).expect("levels are checked when parsed"))
+            }
+            _ => None,
+        };
+        Compressor { method, zstd }
+    }
+
+    /// The method this compressor applies.
+    pub fn method(&self) -> Compression {
+        self.method
+    }
+
+    /// Compresses `data` into a new buffer, as [`Compression::compress`] would.
+    pub fn compress(&mut self, data: &[u8]) -> Vec<u8> {
+        match &mut self.zstd {
+            Some(z) => z.compress(data).expect("a Vec output grows as needed"),
+            None => self.method.compress(data),
+        }
+    }
+}
+
+impl fmt::Debug for Compressor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Compressor")
+            .field("method", &self.method)
+            .finish()
+    }
+}
+
 impl fmt::Display for Compression {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -133,6 +175,21 @@ mod tests {
             assert!(Compression::decompress(c.tag(), &z[..z.len() / 2], data.len()).is_err());
         }
         assert!(Compression::decompress(9, b"", 0).is_err());
+    }
+
+    #[test]
+    fn reused_compressor_matches_one_shot() {
+        let data = b"abcabcabc some text some text".repeat(100);
+        for m in [Compression::None, Compression::Zstd(3), Compression::Lz4] {
+            let mut c = Compressor::new(m);
+            for _ in 0..3 {
+                let z = c.compress(&data);
+                assert_eq!(
+                    Compression::decompress(m.tag(), &z, data.len()).unwrap(),
+                    data
+                );
+            }
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@ use super::format::*;
 use super::window::Window;
 use super::{PipelineConfig, Similarity};
 use crate::chunk::{chunks, Chunker};
-use crate::compress::Compression;
+use crate::compress::{Compression, Compressor};
 use crate::delta::{DeltaCodec, DeltaSpec};
 use crate::exact_index::ExactIndex;
 use crate::fingerprint::{Fingerprint, Fingerprinter};
@@ -56,6 +56,7 @@ pub struct Encoder {
     exact: ExactIndex<Fingerprint, u64>,
     candidates: CandidateIndex<u64>,
     stats: EncodeStats,
+    compressor: Compressor,
     ops: Vec<u8>,
     payload: Vec<u8>,
     body: Vec<u8>,
@@ -74,6 +75,7 @@ impl Encoder {
             exact: ExactIndex::new(),
             candidates: CandidateIndex::new(config.max_per_feature),
             stats: EncodeStats::default(),
+            compressor: Compressor::new(config.compression),
             ops: Vec::new(),
             payload: Vec::new(),
             body: Vec::new(),
@@ -125,7 +127,7 @@ impl Encoder {
 
     fn write_frame(&mut self, content_hash: u64, out: &mut Vec<u8>) {
         let mut method = self.config.compression;
-        let mut stored = method.compress(&self.body);
+        let mut stored = self.compressor.compress(&self.body);
         if stored.len() >= self.body.len() {
             method = Compression::None;
             stored.clear();
