@@ -67,6 +67,8 @@ pub struct Options {
     /// After the first [`FULL_RESIDUAL_BATCHES`] batches of a residual stream, compress one
     /// batch in this many and extrapolate (1: compress everything; `None`: one per 128 MiB of input).
     pub compress_every: Option<u64>,
+    /// Exact dedup indexes one chunk in this many, chosen by content (1: every chunk).
+    pub chunk_sample: u64,
     /// Bytes of recent data the similarity method may use as delta sources.
     pub window_bytes: u64,
 }
@@ -78,6 +80,7 @@ impl Default for Options {
             on_top: Compression::Zstd(3),
             link_bits_per_s: 100e6,
             compress_every: None,
+            chunk_sample: 1,
             window_bytes: 1 << 30,
         }
     }
@@ -102,13 +105,15 @@ pub fn analyze(
     let documents = images.iter().any(|i| i.kind == input::ItemKind::Document);
     let specs = parse_methods(opts.methods.as_deref().unwrap_or("all"), documents)?;
     let disk_total: u64 = images.iter().map(|i| i.disk_bytes).sum();
+    let chunk_sample = opts.chunk_sample.clamp(1, 1 << 20);
     let compress_every = opts
         .compress_every
-        .unwrap_or_else(|| disk_total.div_ceil(128 << 20))
+        .unwrap_or_else(|| (disk_total / chunk_sample).div_ceil(128 << 20))
         .clamp(1, 64);
     let ropts = methods::RunnerOptions {
         on_top: opts.on_top,
         compress_every,
+        chunk_sample,
         several_images: images.len() > 1,
         window_bytes: opts.window_bytes,
         blake3_s_per_byte,
@@ -173,6 +178,7 @@ pub fn analyze(
         measured,
         opts,
         compress_every,
+        chunk_sample,
         started.elapsed().as_secs_f64(),
     ))
 }

@@ -191,6 +191,8 @@ pub struct RunnerOptions {
     pub several_images: bool,
     /// Window of the similarity encoders, in bytes.
     pub window_bytes: u64,
+    /// Index only chunks whose id is 0 modulo this (1: every chunk) and scale up.
+    pub chunk_sample: u64,
     /// BLAKE3 CPU seconds per byte, by chunk size, measured on this machine.
     pub blake3_s_per_byte: fn(usize) -> f64,
 }
@@ -346,31 +348,64 @@ impl Residual {
     }
 }
 
+/// One scope of an exact method. With `sample` > 1 only chunks whose id is 0 modulo
+/// `sample` are indexed: every copy of a sampled chunk is sampled too (same id), so the
+/// duplicate status of each sampled chunk is exact and unique bytes scale by `sample`.
 struct ExactScope {
     index: HashSet<u128, PassThrough>,
+    sample: u64,
     unique_bytes: u64,
+    /// Bytes each sampled chunk id contributed to `unique_bytes` (more than its size when the
+    /// local index resets and the same chunk is new in several images): their inclusion is
+    /// one coin flip, so the variance sums the squares of these totals.
+    contrib: std::collections::HashMap<u128, f64, PassThrough>,
     chunks: u64,
     peak_entries: usize,
+    /// CPU spent on sampled chunks (index and residual), to scale up to all chunks.
+    sampled_cpu: f64,
     residual: Residual,
 }
 
 impl ExactScope {
-    fn new(every: u64, on_top: Compression) -> Self {
+    fn new(every: u64, on_top: Compression, sample: u64) -> Self {
         ExactScope {
             index: HashSet::default(),
+            sample: sample.max(1),
             unique_bytes: 0,
+            contrib: Default::default(),
             chunks: 0,
             peak_entries: 0,
+            sampled_cpu: 0.0,
             residual: Residual::new(every, on_top),
         }
     }
 
     fn add(&mut self, id: u128, chunk: &[u8]) {
         self.chunks += 1;
+        if self.sample == 1 {
+            self.insert(id, chunk);
+        } else if (id as u64) % self.sample == 0 {
+            let t0 = crate::cpu::thread_cpu_seconds();
+            self.insert(id, chunk);
+            self.sampled_cpu += crate::cpu::thread_cpu_seconds() - t0;
+        }
+    }
+
+    fn insert(&mut self, id: u128, chunk: &[u8]) {
         if self.index.insert(id) {
             self.unique_bytes += chunk.len() as u64;
+            if self.sample > 1 {
+                *self.contrib.entry(id).or_default() += chunk.len() as f64;
+            }
             self.residual.push(chunk);
         }
+    }
+
+    /// Extra CPU all chunks would have cost beyond the sampled ones (index work only; the
+    /// residual's compression is extrapolated by its own estimate).
+    fn unsampled_cpu(&self) -> f64 {
+        let index_only = (self.sampled_cpu - self.residual.cpu()).max(0.0);
+        index_only * (self.sample - 1) as f64
     }
 
     fn reset_index(&mut self) {
@@ -400,10 +435,10 @@ impl ExactRunner {
             chunker: PushChunker::new(chunker),
             opts: opts.clone(),
             image: None,
-            local: ExactScope::new(opts.compress_every, opts.on_top),
+            local: ExactScope::new(opts.compress_every, opts.on_top, opts.chunk_sample),
             global: opts
                 .several_images
-                .then(|| ExactScope::new(opts.compress_every, opts.on_top)),
+                .then(|| ExactScope::new(opts.compress_every, opts.on_top, opts.chunk_sample)),
             cpu: 0.0,
             input_bytes: 0,
         })
@@ -429,9 +464,19 @@ impl ExactRunner {
         chunk_cost: f64,
     ) -> Vec<Measured> {
         let on_top = self.opts.on_top;
-        let (z_bytes, rel, z_cpu) = scope.residual.estimate();
+        let (z_sampled, z_rel, z_cpu_sampled) = scope.residual.estimate();
+        let s = scope.sample;
+        let unique = scope.unique_bytes * s;
+        let z_bytes = z_sampled * s;
+        let z_cpu = z_cpu_sampled * s as f64;
+        // Horvitz-Thompson variance of the unique-bytes estimate: Σ x² (1-p)/p² over samples.
+        let contrib_sq: f64 = scope.contrib.values().map(|c| c * c).sum();
+        let sampling_se = (contrib_sq * (s * (s - 1)) as f64).sqrt();
+        let sampling_rel = sampling_se / unique.max(1) as f64;
+        let rel = (z_rel.powi(2) + sampling_rel.powi(2)).sqrt();
         let refs = scope.chunks * REF_BYTES;
-        let peak = scope.peak_entries.max(scope.index.len()) as u64;
+        let peak = scope.peak_entries.max(scope.index.len()) as u64 * s;
+        let cpu = cpu + scope.unsampled_cpu();
         let family = match self.spec {
             ChunkerSpec::Whole => "exact-whole",
             ChunkerSpec::Fixed { .. } => "exact-fixed",
@@ -446,10 +491,10 @@ impl ExactRunner {
                 family: family.into(),
                 scope: name,
                 params: params.clone(),
-                output_bytes: scope.unique_bytes + refs,
+                output_bytes: unique + refs,
                 index_bytes: peak * INDEX_ENTRY_BYTES,
                 cpu_seconds: base_cpu,
-                rel_error: 0.0,
+                rel_error: sampling_se / (unique + refs).max(1) as f64,
             },
             Measured {
                 name: format!("{label}+{}", short(on_top)),
@@ -501,7 +546,8 @@ impl Runner for ExactRunner {
         let fed_residual_cpu =
             self.local.residual.cpu() + self.global.as_ref().map_or(0.0, |g| g.residual.cpu());
         let cpu = (self.cpu - fed_residual_cpu).max(0.0);
-        let mut local = std::mem::replace(&mut self.local, ExactScope::new(1, Compression::None));
+        let mut local =
+            std::mem::replace(&mut self.local, ExactScope::new(1, Compression::None, 1));
         let mut out = self.scope_result(&mut local, "local", cpu, chunk_cost);
         match self.global.take() {
             Some(mut g) => out.extend(self.scope_result(&mut g, "global", cpu, chunk_cost)),

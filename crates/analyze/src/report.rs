@@ -72,6 +72,7 @@ pub(crate) fn build(
     measured: Vec<Measured>,
     opts: &Options,
     compress_every: u64,
+    chunk_sample: u64,
     elapsed_s: f64,
 ) -> Report {
     let input_bytes: u64 = images.iter().map(|i| i.input_bytes).sum();
@@ -101,6 +102,11 @@ pub(crate) fn build(
         "speed is input MB per CPU second of one core on this machine; local scope deduplicates each image alone, global pools all images".into(),
         format!("similarity + delta uses a window of {} MiB of recent data as delta sources", opts.window_bytes >> 20),
     ];
+    if chunk_sample > 1 {
+        notes.push(format!(
+            "exact dedup indexed 1 chunk in {chunk_sample}, chosen by content (every copy of a sampled chunk is sampled), and scaled up; rel_error includes this sampling error; +zstd lines compress the sampled chunks without their neighbours and overstate the output (by 20-60% on source trees): read them as upper bounds"
+        ));
+    }
     if compress_every > 1 {
         notes.push(format!(
             "compression on top of exact dedup: the first {} MiB of each residual stream were compressed, then 1 batch in {compress_every}, extrapolated; rel_error is the relative standard error of that estimate", crate::FULL_RESIDUAL_BATCHES * 4

@@ -34,6 +34,10 @@ pub struct Args {
     /// extrapolate, stating the error; 1 compresses everything [default: 1 per 128 MiB of input].
     #[arg(long, value_name = "N")]
     sample: Option<u64>,
+    /// Exact dedup indexes 1 chunk in N, chosen by content, and scales up, stating the error
+    /// (for inputs too large to analyze in full; +zstd lines then become upper bounds).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    sample_chunks: u64,
     /// Recent data the similarity method may use as delta sources (e.g. 512MiB, 2GiB).
     #[arg(long, default_value = "1GiB")]
     window: String,
@@ -54,6 +58,9 @@ pub fn run(args: Args) -> Result<()> {
     let Some(window) = parse_size(&args.window) else {
         bail!("--window {:?}: use a size like 512MiB or 2GiB", args.window);
     };
+    if args.sample_chunks == 0 {
+        bail!("--sample-chunks must be at least 1");
+    }
     if args.sample == Some(0) {
         bail!("--sample must be at least 1");
     }
@@ -62,6 +69,7 @@ pub fn run(args: Args) -> Result<()> {
         on_top,
         link_bits_per_s: link,
         compress_every: args.sample,
+        chunk_sample: args.sample_chunks,
         window_bytes: window as u64,
     };
     let bar = if args.quiet || !std::io::stderr().is_terminal() {

@@ -129,3 +129,57 @@ fn tempdir() -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+#[test]
+fn chunk_sampling_estimates_within_its_stated_error() {
+    let tmp = tempdir();
+    for v in 1..=4 {
+        write_tree(&tmp.join(format!("v{v}")), v);
+    }
+    let run = |sample: &str| -> serde_json::Value {
+        let json = tmp.join(format!("s{sample}.json"));
+        let out = dedupwire()
+            .args([
+                "analyze",
+                "-q",
+                "--methods",
+                "cdc-1KiB",
+                "--sample-chunks",
+                sample,
+                "--json",
+            ])
+            .arg(&json)
+            .args((1..=4).map(|v| tmp.join(format!("v{v}"))))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap()
+    };
+    let (exact, sampled) = (run("1"), run("4"));
+    for scope in ["local", "global"] {
+        let pick = |r: &serde_json::Value| {
+            r["methods"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|m| m["name"] == "exact-cdc-1KiB" && m["scope"] == scope)
+                .unwrap()
+                .clone()
+        };
+        let (e, s) = (pick(&exact), pick(&sampled));
+        let (eb, sb) = (
+            e["output_bytes"].as_f64().unwrap(),
+            s["output_bytes"].as_f64().unwrap(),
+        );
+        let rel = s["rel_error"].as_f64().unwrap();
+        assert!(rel > 0.0, "a sampled estimate states its error");
+        assert!(
+            (sb / eb - 1.0).abs() <= 4.0 * rel + 0.02,
+            "{scope}: exact {eb}, sampled {sb} ± {rel}"
+        );
+    }
+}
