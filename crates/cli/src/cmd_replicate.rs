@@ -1,10 +1,19 @@
-//! `dedupwire replicate encode|decode`: sDedup over JSON-lines change streams.
+//! `dedupwire replicate encode|decode|send|receive`: sDedup over JSON-lines change streams,
+//! and live replication of PostgreSQL document tables over TCP.
 
 use std::io::{BufReader, BufWriter};
+use std::net::{TcpListener, TcpStream};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use dedupwire_replicate::jsonl;
+use dedupwire_replicate::live::{PgDocStore, Receiver, ReceiverConfig, Sender, SenderConfig};
+use dedupwire_replicate::pg::{PgSink, PgSinkConfig, PgSource, PgSourceConfig, Tables};
 use dedupwire_replicate::sdedup::SdedupConfig;
+
+/// How long either end waits for the other before giving up on the connection. An idle
+/// sender pings every few seconds, so only a peer that is gone (or a network that dropped the
+/// connection silently) gets near it.
+const PEER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Options of `dedupwire replicate`.
 #[derive(clap::Args)]
@@ -26,20 +35,66 @@ enum Cmd {
     },
     /// Decode an sDedup stream (stdin) back into the exact JSON lines (stdout).
     Decode,
+    /// Tail a PostgreSQL database's document tables (logical decoding with wal2json) and ship
+    /// the changes to a `replicate receive`, delta-encoded against similar documents.
+    ///
+    /// Resumes after the receiver's applied position; the slot only releases what the
+    /// receiver has applied. Exits non-zero when the connection or the source fails.
+    Send {
+        /// The source database (`postgres://user@host/db` or `host=... dbname=...`).
+        #[arg(long)]
+        from: String,
+        /// The receiver's address (HOST:PORT).
+        #[arg(long)]
+        to: String,
+        /// The logical replication slot (created if missing); the receiver keys its position
+        /// by it.
+        #[arg(long, default_value = "dedupwire")]
+        slot: String,
+        /// Replicate only these tables (comma-separated, `name` or `schema.name`); default:
+        /// every table with an `id` primary key and a `body` column.
+        #[arg(long, value_delimiter = ',')]
+        tables: Vec<String>,
+        /// Document bytes per batch (e.g. 4MiB).
+        #[arg(long, default_value = "4MiB")]
+        batch_bytes: String,
+        /// Batches sent ahead of the receiver's acknowledgements.
+        #[arg(long, default_value_t = 4)]
+        window: usize,
+        /// Stop (successfully) once the source has nothing more and the receiver has applied
+        /// everything.
+        #[arg(long)]
+        until_drained: bool,
+        /// Print bytes on the wire against raw document bytes, batches, deltas and fallbacks
+        /// to stderr at the end (JSON).
+        #[arg(long)]
+        stats: bool,
+    },
+    /// Accept senders on ADDR and apply their change streams to a PostgreSQL replica, each
+    /// batch in one transaction with its position (exactly once across restarts).
+    Receive {
+        /// The address to listen on (e.g. 0.0.0.0:7400).
+        #[arg(long)]
+        listen: String,
+        /// The replica database (`postgres://user@host/db` or `host=... dbname=...`).
+        #[arg(long)]
+        into: String,
+        /// Handle one connection, then exit (non-zero if it failed).
+        #[arg(long)]
+        once: bool,
+    },
 }
 
 /// Runs the subcommand.
 pub fn run(args: Args) -> Result<()> {
     let config = SdedupConfig::default();
-    let stdin = std::io::stdin().lock();
-    let stdout = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
     match args.cmd {
         Cmd::Encode { stats, batch } => {
             let batch = dedupwire_analyze::parse_size(&batch)
                 .with_context(|| format!("--batch {batch:?}: use a size like 4MiB"))?;
             let report = jsonl::encode(
-                BufReader::with_capacity(1 << 20, stdin),
-                stdout,
+                BufReader::with_capacity(1 << 20, std::io::stdin().lock()),
+                BufWriter::with_capacity(1 << 20, std::io::stdout().lock()),
                 config,
                 batch,
             )?;
@@ -48,8 +103,130 @@ pub fn run(args: Args) -> Result<()> {
             }
         }
         Cmd::Decode => {
-            jsonl::decode(BufReader::with_capacity(1 << 20, stdin), stdout, config)?;
+            jsonl::decode(
+                BufReader::with_capacity(1 << 20, std::io::stdin().lock()),
+                BufWriter::with_capacity(1 << 20, std::io::stdout().lock()),
+                config,
+            )?;
         }
+        Cmd::Send {
+            from,
+            to,
+            slot,
+            tables,
+            batch_bytes,
+            window,
+            until_drained,
+            stats,
+        } => {
+            let batch_bytes = dedupwire_analyze::parse_size(&batch_bytes)
+                .with_context(|| format!("--batch-bytes {batch_bytes:?}: use a size like 4MiB"))?;
+            if window == 0 {
+                bail!("--window must be at least 1");
+            }
+            send(SendOptions {
+                from,
+                to,
+                tables,
+                stats,
+                config: SenderConfig {
+                    sdedup: config,
+                    stream: slot,
+                    batch_bytes: batch_bytes.max(1),
+                    window,
+                    until_drained,
+                    ..SenderConfig::default()
+                },
+            })?;
+        }
+        Cmd::Receive { listen, into, once } => receive(&listen, &into, once)?,
     }
     Ok(())
+}
+
+struct SendOptions {
+    from: String,
+    to: String,
+    tables: Vec<String>,
+    stats: bool,
+    config: SenderConfig,
+}
+
+fn send(o: SendOptions) -> Result<()> {
+    let tables = if o.tables.is_empty() {
+        Tables::All
+    } else {
+        Tables::Only(o.tables)
+    };
+    let mut source = PgSource::connect(
+        &o.from,
+        PgSourceConfig {
+            tables,
+            // The sender sleeps between empty polls itself.
+            idle_wait: std::time::Duration::ZERO,
+            ..PgSourceConfig::with_slot(o.config.stream.clone())
+        },
+    )
+    .context("opening the source")?;
+    let mut store = PgDocStore::connect(&o.from).context("opening the source")?;
+    let stream = TcpStream::connect(&o.to)
+        .with_context(|| format!("cannot connect to the receiver at {}", o.to))?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(PEER_TIMEOUT))?;
+    let mut sender = Sender::new(o.config);
+    let result = sender.run(stream, &mut source, &mut store);
+    if o.stats {
+        eprintln!("{}", serde_json::to_string_pretty(sender.summary())?);
+    }
+    if store.errors() > 0 {
+        eprintln!(
+            "dedupwire: warning: {} source reads failed (those documents were sent whole); last: {}",
+            store.errors(),
+            store.last_error().unwrap_or("?")
+        );
+    }
+    result.with_context(|| format!("replication to {} stopped", o.to))
+}
+
+fn receive(listen: &str, into: &str, once: bool) -> Result<()> {
+    let listener =
+        TcpListener::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
+    eprintln!(
+        "dedupwire: receiving on {}, applying to the replica",
+        listener.local_addr()?
+    );
+    loop {
+        let (stream, peer) = listener.accept().context("accepting a connection")?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(PEER_TIMEOUT))?;
+        let mut receiver = Receiver::new(ReceiverConfig::default());
+        let result = receiver.run(stream, |stream| {
+            PgSink::connect(into, PgSinkConfig::with_stream(stream))
+        });
+        let s = receiver.summary();
+        let who = if s.stream.is_empty() {
+            peer.to_string()
+        } else {
+            format!("{peer} (stream {:?})", s.stream)
+        };
+        let applied = s
+            .applied
+            .or(s.resumed_after)
+            .map_or("none".to_string(), |p| p.to_string());
+        match &result {
+            Ok(()) => eprintln!(
+                "dedupwire: {who} done: {} changes in {} batches applied, {} entries asked for \
+                 raw; position {applied}",
+                s.changes, s.batches, s.fallbacks
+            ),
+            Err(e) => eprintln!(
+                "dedupwire: {who} stopped after {} changes in {} batches (position \
+                 {applied}): {e}",
+                s.changes, s.batches
+            ),
+        }
+        if once {
+            return result.with_context(|| format!("the session with {peer} failed"));
+        }
+    }
 }

@@ -10,7 +10,9 @@
 pub mod change;
 mod error;
 pub mod jsonl;
+pub mod live;
 pub mod pg;
+pub mod protocol;
 pub mod sdedup;
 
 pub use change::{Change, ChangeSink, ChangeSource, Op};

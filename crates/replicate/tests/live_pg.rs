@@ -1,0 +1,516 @@
+//! Live replication between two PostgreSQL databases over loopback TCP: a source table tailed
+//! through a logical replication slot, a replica applying batches exactly once. One server per
+//! test (see `support`), the source and the replica as two of its databases.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use dedupwire_replicate::live::{
+    LiveError, PgDocStore, ReceiveSummary, Receiver, SendSummary, Sender, SenderConfig,
+};
+use dedupwire_replicate::pg::{PgError, PgSink, PgSinkConfig, PgSource, PgSourceConfig, Tables};
+use dedupwire_replicate::sdedup::SdedupConfig;
+use dedupwire_replicate::{Change, ChangeSink, ChangeSource, Op};
+use postgres::Client;
+use support::{DocWrite, Faulty, PgServer};
+
+const SLOT: &str = "live";
+
+fn source_config(slot: &str) -> PgSourceConfig {
+    PgSourceConfig {
+        tables: Tables::Only(vec!["docs".to_string()]),
+        idle_wait: Duration::ZERO,
+        ..PgSourceConfig::with_slot(slot)
+    }
+}
+
+/// Two databases: `src` with an empty `docs(id text primary key, body text)` and `replica`.
+fn setup(pg: &PgServer) -> (String, String) {
+    let src = pg.create_database("src");
+    let rep = pg.create_database("replica");
+    pg.client("src")
+        .batch_execute("CREATE TABLE docs (id text PRIMARY KEY, body text NOT NULL)")
+        .unwrap();
+    (src, rep)
+}
+
+/// Applies `writes` to the source, `per_tx` per transaction.
+fn apply_writes(client: &mut Client, writes: &[DocWrite], per_tx: usize) {
+    for chunk in writes.chunks(per_tx.max(1)) {
+        let mut tx = client.transaction().unwrap();
+        for w in chunk {
+            let body = std::str::from_utf8(&w.doc).unwrap();
+            match w.op {
+                Op::Delete => tx
+                    .execute("DELETE FROM docs WHERE id = $1", &[&w.id])
+                    .unwrap(),
+                _ => tx
+                    .execute(
+                        "INSERT INTO docs VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET body = EXCLUDED.body",
+                        &[&w.id, &body],
+                    )
+                    .unwrap(),
+            };
+        }
+        tx.commit().unwrap();
+    }
+}
+
+fn rows(client: &mut Client) -> BTreeMap<String, String> {
+    client
+        .query("SELECT id, body FROM docs", &[])
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+fn assert_same_rows(pg: &PgServer) {
+    let a = rows(&mut pg.client("src"));
+    let b = rows(&mut pg.client("replica"));
+    assert_eq!(a.len(), b.len(), "row counts differ");
+    for (id, body) in &a {
+        assert!(b.get(id) == Some(body), "row {id} differs");
+    }
+}
+
+/// The replica, recording every change it applies and every change it skips as already
+/// applied.
+struct Recording {
+    sink: PgSink,
+    log: Arc<Mutex<Vec<Change>>>,
+    skipped: Arc<Mutex<usize>>,
+}
+
+impl ChangeSink for Recording {
+    type Error = PgError;
+
+    fn applied_position(&mut self) -> Result<Option<u64>, PgError> {
+        self.sink.applied_position()
+    }
+
+    fn apply(&mut self, changes: &[Change]) -> Result<(), PgError> {
+        let before = self.sink.applied_position()?;
+        self.sink.apply(changes)?;
+        let (fresh, old): (Vec<&Change>, Vec<&Change>) = changes
+            .iter()
+            .partition(|c| before.is_none_or(|b| c.pos > b));
+        self.log.lock().unwrap().extend(fresh.into_iter().cloned());
+        *self.skipped.lock().unwrap() += old.len();
+        Ok(())
+    }
+
+    fn get(&mut self, collection: &str, id: &str) -> Result<Option<Vec<u8>>, PgError> {
+        self.sink.get(collection, id)
+    }
+}
+
+#[derive(Clone, Default)]
+struct Log {
+    applied: Arc<Mutex<Vec<Change>>>,
+    skipped: Arc<Mutex<usize>>,
+}
+
+struct Outcome {
+    sender: (Result<(), LiveError>, SendSummary),
+    receiver: (Result<(), LiveError>, ReceiveSummary),
+}
+
+/// One connection between a fresh sender process (source, store, encoder) and a fresh receiver
+/// process (replica connection, decoder), each behind a stream that fails after its budget.
+fn run_session(
+    listener: &TcpListener,
+    src_url: &str,
+    rep_url: &str,
+    config: SenderConfig,
+    budgets: (Option<u64>, Option<u64>),
+    log: &Log,
+) -> (thread::JoinHandle<Outcome>, Arc<AtomicBool>) {
+    let stop = config
+        .stop
+        .clone()
+        .unwrap_or_else(|| Arc::new(AtomicBool::new(false)));
+    let config = SenderConfig {
+        stop: Some(stop.clone()),
+        ..config
+    };
+    let addr = listener.local_addr().unwrap();
+    let listener = listener.try_clone().unwrap();
+    let (src_url, rep_url, log) = (src_url.to_string(), rep_url.to_string(), log.clone());
+    let handle = thread::spawn(move || {
+        let receiver = thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            stream.set_nodelay(true).unwrap();
+            let mut r = Receiver::default();
+            let result = r.run(Faulty::new(stream, budgets.1), |stream| {
+                Ok(Recording {
+                    sink: PgSink::connect(&rep_url, PgSinkConfig::with_stream(stream))?,
+                    log: log.applied,
+                    skipped: log.skipped,
+                })
+            });
+            (result, r.summary().clone())
+        });
+        let mut source = PgSource::connect(&src_url, source_config(&config.stream)).unwrap();
+        let mut store = PgDocStore::connect(&src_url).unwrap();
+        let stream = TcpStream::connect(addr).unwrap();
+        stream.set_nodelay(true).unwrap();
+        let mut s = Sender::new(config);
+        let result = s.run(Faulty::new(stream, budgets.0), &mut source, &mut store);
+        let sender = (result, s.summary().clone());
+        Outcome {
+            sender,
+            receiver: receiver.join().unwrap(),
+        }
+    });
+    (handle, stop)
+}
+
+fn sender_config() -> SenderConfig {
+    SenderConfig {
+        stream: SLOT.into(),
+        idle_sleep: Duration::from_millis(20),
+        keepalive: Duration::from_millis(500),
+        ..SenderConfig::default()
+    }
+}
+
+fn drain(listener: &TcpListener, pg: &PgServer, log: &Log) -> Outcome {
+    let config = SenderConfig {
+        until_drained: true,
+        ..sender_config()
+    };
+    let (h, _) = run_session(
+        listener,
+        &pg.url("src"),
+        &pg.url("replica"),
+        config,
+        (None, None),
+        log,
+    );
+    let o = h.join().unwrap();
+    if let Err(e) = &o.sender.0 {
+        panic!("sender: {e}");
+    }
+    if let Err(e) = &o.receiver.0 {
+        panic!("receiver: {e}");
+    }
+    o
+}
+
+#[test]
+fn replicates_a_document_workload_end_to_end() {
+    let Some(pg) = support::start() else { return };
+    let Some(writes) = support::rfcs_writes(1500) else {
+        return;
+    };
+    let (src_url, _) = setup(&pg);
+    drop(PgSource::connect(&src_url, source_config(SLOT)).unwrap()); // the slot
+    let mut src = pg.client("src");
+    let t = Instant::now();
+    apply_writes(&mut src, &writes, 10);
+    let doc_bytes: usize = writes.iter().map(|w| w.doc.len()).sum();
+    eprintln!(
+        "{} writes, {} document bytes written in {:.1?}",
+        writes.len(),
+        doc_bytes,
+        t.elapsed()
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let log = Log::default();
+    let t = Instant::now();
+    let o = drain(&listener, &pg, &log);
+    let (s, r) = (&o.sender.1, &o.receiver.1);
+    let wire = s.wire_bytes_sent + s.wire_bytes_received;
+    eprintln!(
+        "replicated {} changes in {} batches in {:.1?}: {} raw bytes (documents + ids), {} bytes \
+         on the wire ({} sent, {} back), {:.1}x; {} deltas, {} literals, {} entries raw",
+        s.changes,
+        s.batches,
+        t.elapsed(),
+        s.raw_bytes,
+        wire,
+        s.wire_bytes_sent,
+        s.wire_bytes_received,
+        s.raw_bytes as f64 / wire as f64,
+        s.encode.deltas,
+        s.encode.literals,
+        r.fallbacks,
+    );
+    eprintln!("sender: {}", serde_json::to_string(s).unwrap());
+    eprintln!("receiver: {}", serde_json::to_string(r).unwrap());
+    assert_same_rows(&pg);
+    assert_eq!(s.changes, r.changes);
+    assert_eq!(log.applied.lock().unwrap().len() as u64, s.changes);
+    assert_eq!(*log.skipped.lock().unwrap(), 0);
+    assert!(s.changes >= 1400, "every write is a change: {}", s.changes);
+    assert!(
+        s.raw_bytes as f64 / wire as f64 > 5.0,
+        "revisions of documents replicate compactly"
+    );
+}
+
+#[test]
+fn kills_at_random_points_lose_and_duplicate_nothing() {
+    let Some(pg) = support::start() else { return };
+    let Some(writes) = support::rfcs_writes(2000) else {
+        return;
+    };
+    // Smaller documents keep the debug build quick: the later RFCs are long.
+    let writes: Vec<DocWrite> = writes
+        .into_iter()
+        .filter(|w| w.doc.len() < 12_000)
+        .take(500)
+        .collect();
+    let (src_url, rep_url) = setup(&pg);
+    // An audit slot sees every change too, with the same positions.
+    let mut audit = PgSource::connect(&src_url, source_config("audit")).unwrap();
+    drop(PgSource::connect(&src_url, source_config(SLOT)).unwrap());
+    let seed = std::env::var("LIVE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("LIVE_SEED={seed}");
+    let mut rng = seed;
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n.max(1)
+    };
+    let done = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let done = done.clone();
+        let mut client = pg.client("src");
+        let mut seed = seed;
+        thread::spawn(move || {
+            let mut i = 0;
+            while i < writes.len() {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                let n = 1 + (seed >> 60) as usize % 4;
+                let end = (i + n).min(writes.len());
+                apply_writes(&mut client, &writes[i..end], n);
+                i = end;
+                thread::sleep(Duration::from_millis(5));
+            }
+            done.store(true, Ordering::SeqCst);
+        })
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let log = Log::default();
+    let mut round = 0;
+    let mut failed_ends = 0;
+    let mut resumed = 0;
+    while !done.load(Ordering::SeqCst) || round < 10 {
+        round += 1;
+        assert!(round < 100, "the writer does not finish");
+        let budget = 200 + next(150_000);
+        let budgets = match next(3) {
+            0 => (Some(budget), None),
+            1 => (None, Some(budget)),
+            _ => (Some(budget), Some(200 + next(150_000))),
+        };
+        let config = SenderConfig {
+            window: 1 + next(4) as usize,
+            batch_bytes: 16 << 10 << next(5),
+            ..sender_config()
+        };
+        let (h, stop) = run_session(&listener, &src_url, &rep_url, config, budgets, &log);
+        let until = Instant::now() + Duration::from_millis(300 + next(500));
+        while Instant::now() < until && !h.is_finished() {
+            thread::sleep(Duration::from_millis(10));
+        }
+        stop.store(true, Ordering::SeqCst);
+        let o = h.join().unwrap();
+        resumed += usize::from(o.receiver.1.resumed_after.is_some());
+        for (side, result) in [("sender", &o.sender.0), ("receiver", &o.receiver.0)] {
+            if let Err(e) = result {
+                failed_ends += 1;
+                assert!(
+                    support::is_injected(e) || e.is_peer_closed(),
+                    "round {round}: the {side} failed with neither the injected fault nor \
+                     PeerClosed: {e}"
+                );
+            }
+        }
+    }
+    writer.join().unwrap();
+    let o = drain(&listener, &pg, &log);
+    eprintln!(
+        "{round} rounds, {failed_ends} ends killed or cut off, {resumed} sessions resumed; the \
+         final session sent {} changes",
+        o.sender.1.changes
+    );
+    assert!(failed_ends >= 3, "faults happened: {failed_ends}");
+    assert_same_rows(&pg);
+    // Exactly once: the replica applied the source's change stream, each change once, in order.
+    let expected = audit.poll(1 << 20).unwrap();
+    eprintln!("{} changes in the source's stream", expected.len());
+    let applied = log.applied.lock().unwrap();
+    assert_eq!(
+        applied.len(),
+        expected.len(),
+        "changes applied vs in the source"
+    );
+    for (a, e) in applied.iter().zip(&expected) {
+        assert_eq!(a, e, "change at position {} differs", e.pos);
+    }
+    assert_eq!(*log.skipped.lock().unwrap(), 0, "nothing was sent twice");
+}
+
+#[test]
+fn a_diverged_replica_row_falls_back_to_raw() {
+    let Some(pg) = support::start() else { return };
+    let (src_url, rep_url) = setup(&pg);
+    drop(PgSource::connect(&src_url, source_config(SLOT)).unwrap());
+    let mut src = pg.client("src");
+    let mut rep = pg.client("replica");
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut text = |len: usize| -> String {
+        (0..len)
+            .map(|i| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                if i % 9 == 8 {
+                    ' '
+                } else {
+                    (b'a' + (seed % 26) as u8) as char
+                }
+            })
+            .collect()
+    };
+    let doc = |t: &str| format!("{{\"text\": \"{t}\"}}");
+    let (a, c) = (doc(&text(3000)), doc(&text(3000)));
+    let put = |client: &mut Client, id: &str, body: &str| {
+        client
+            .execute(
+                "INSERT INTO docs VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET body = EXCLUDED.body",
+                &[&id, &body],
+            )
+            .unwrap();
+    };
+    put(&mut src, "a", &a);
+    put(&mut src, "c", &c);
+    for i in 0..3 {
+        put(&mut src, &format!("filler{i}"), &doc(&text(3000)));
+    }
+    let config = SenderConfig {
+        // Tiny caches: "a" and "c" leave them, so their near copies are decoded against the
+        // replica's rows.
+        sdedup: SdedupConfig {
+            cache_entries: 2,
+            ..SdedupConfig::default()
+        },
+        window: 1,
+        ..sender_config()
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let (h, stop) = run_session(
+        &listener,
+        &src_url,
+        &rep_url,
+        config,
+        (None, None),
+        &Log::default(),
+    );
+    let wait_for = |rep: &mut Client, id: &str, body: &str| {
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            let row = rep
+                .query_opt("SELECT body FROM docs WHERE id = $1", &[&id])
+                .ok()
+                .flatten()
+                .map(|r| r.get::<_, String>(0));
+            if row.as_deref() == Some(body) {
+                return;
+            }
+            assert!(Instant::now() < until, "{id} did not arrive");
+            thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_for(&mut rep, "filler2", &rows(&mut src)["filler2"]);
+    // Someone edits the replica's "a".
+    rep.execute(
+        "UPDATE docs SET body = '{\"edited\": \"on the replica\"}' WHERE id = 'a'",
+        &[],
+    )
+    .unwrap();
+    let b = a.replace("\"}", " and b\"}");
+    let d = c.replace("\"}", " and d\"}");
+    put(&mut src, "b", &b);
+    put(&mut src, "d", &d);
+    wait_for(&mut rep, "d", &d);
+    wait_for(&mut rep, "b", &b);
+    // The stream goes on, and the next write of "a" repairs the replica.
+    let a2 = a.replace("\"}", " revised\"}");
+    put(&mut src, "a", &a2);
+    put(&mut src, "e", &doc("after"));
+    wait_for(&mut rep, "e", &doc("after"));
+    stop.store(true, Ordering::SeqCst);
+    let o = h.join().unwrap();
+    o.sender.0.unwrap();
+    o.receiver.0.unwrap();
+    let (s, r) = (&o.sender.1, &o.receiver.1);
+    eprintln!("sender: {}", serde_json::to_string(s).unwrap());
+    eprintln!("receiver: {}", serde_json::to_string(r).unwrap());
+    assert_eq!(
+        r.fallbacks, 1,
+        "only b fell back (d was rebuilt from the replica's c)"
+    );
+    assert_eq!(s.raw_entries, 1);
+    assert!(s.encode.deltas >= 2, "{:?}", s.encode);
+    assert_same_rows(&pg);
+}
+
+/// A receiver whose replica cannot be written tells the sender, which stops with that error.
+#[test]
+fn replica_errors_reach_the_sender() {
+    let Some(pg) = support::start() else { return };
+    let (src_url, rep_url) = setup(&pg);
+    drop(PgSource::connect(&src_url, source_config(SLOT)).unwrap());
+    pg.client("replica")
+        .batch_execute("CREATE TABLE docs (id text PRIMARY KEY, payload text)")
+        .unwrap();
+    pg.client("src")
+        .execute("INSERT INTO docs VALUES ('x', '{}')", &[])
+        .unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let config = SenderConfig {
+        until_drained: true,
+        ..sender_config()
+    };
+    let (h, _) = run_session(
+        &listener,
+        &src_url,
+        &rep_url,
+        config,
+        (None, None),
+        &Log::default(),
+    );
+    let o = h.join().unwrap();
+    let r = o.receiver.0.unwrap_err();
+    assert!(r.to_string().contains("no column `body`"), "{r}");
+    let s = o.sender.0.unwrap_err();
+    assert!(s.is_remote(), "{s:?}");
+    assert!(
+        s.to_string()
+            .contains("receiver: replica: table public.docs"),
+        "{s}"
+    );
+    // Nothing was acknowledged: the source still holds the change.
+    let mut source = PgSource::connect(&src_url, source_config(SLOT)).unwrap();
+    assert_eq!(source.poll(10).unwrap().len(), 1);
+}

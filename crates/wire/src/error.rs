@@ -1,0 +1,98 @@
+//! Why a frame stream failed.
+
+use std::io;
+
+/// Why reading or writing frames failed.
+///
+/// After any error other than an [`Error::Io`] or [`Error::Timeout`] that happened before the
+/// first byte of a frame, the stream is out of step with its peer: the reader or
+/// writer refuses further frames and the connection should be dropped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The underlying stream failed (other than by the peer going away).
+    #[error("I/O error on the frame stream: {0}")]
+    Io(#[source] io::Error),
+    /// The bytes are not a valid frame: bad magic, bad checksum, a frame type of 0.
+    #[error("corrupt frame at byte {offset}: {detail}")]
+    Corrupt {
+        /// Byte offset in the stream of the frame (or field) at fault.
+        offset: u64,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A frame's length exceeds the configured maximum (detected before allocating).
+    #[error("frame at byte {offset} has a {len}-byte payload, more than the limit of {max} bytes")]
+    Oversized {
+        /// Byte offset of the frame in the stream.
+        offset: u64,
+        /// The payload length announced (reading) or given (writing).
+        len: u64,
+        /// The configured maximum payload length.
+        max: u32,
+    },
+    /// The peer closed the connection (end of stream, reset, broken pipe).
+    #[error("{}", peer_closed_message(*offset, *mid_frame))]
+    PeerClosed {
+        /// Bytes read (or written) on this stream when it ended.
+        offset: u64,
+        /// True when the stream ended inside a frame (a truncated frame).
+        mid_frame: bool,
+    },
+    /// A read timed out (a socket read timeout): the peer sent nothing in time.
+    #[error("timed out waiting for the peer at byte {offset}{}", if *mid_frame { " (inside a frame)" } else { "" })]
+    Timeout {
+        /// Bytes read on this stream when the time ran out.
+        offset: u64,
+        /// True when the frame had started arriving (the stream is then out of step).
+        mid_frame: bool,
+    },
+    /// The peer does not follow the protocol: a mismatched handshake, an unexpected frame, an
+    /// unsupported format version or flag.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// The peer sent an error frame: it stopped, and says why.
+    #[error("the peer reported an error: {0}")]
+    Remote(String),
+}
+
+fn peer_closed_message(offset: u64, mid_frame: bool) -> String {
+    if mid_frame {
+        format!(
+            "the stream ended in the middle of a frame at byte {offset} (truncated frame: the peer \
+             closed the connection or went away)"
+        )
+    } else {
+        format!("the peer closed the connection (after {offset} bytes, between frames)")
+    }
+}
+
+impl Error {
+    /// True when the peer went away (the connection ended, possibly inside a frame).
+    pub fn is_peer_closed(&self) -> bool {
+        matches!(self, Error::PeerClosed { .. })
+    }
+
+    /// True for a read timeout (`WouldBlock`/`TimedOut` from a socket with a timeout set).
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Error::Timeout { .. })
+    }
+
+    /// Maps an I/O error at `offset`: the peer going away becomes [`Error::PeerClosed`].
+    pub(crate) fn from_io(e: io::Error, offset: u64, mid_frame: bool) -> Error {
+        match e.kind() {
+            io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::NotConnected => Error::PeerClosed { offset, mid_frame },
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                Error::Timeout { offset, mid_frame }
+            }
+            _ => Error::Io(e),
+        }
+    }
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

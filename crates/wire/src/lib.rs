@@ -1,0 +1,38 @@
+//! dedupwire's wire layer: versioned, checksummed frames over any byte stream, and the
+//! handshake that makes two ends agree on a protocol version or refuse each other clearly.
+//!
+//! Everything a dedupwire connection carries travels in [frames](frame): a 9-byte header
+//! (magic `"DW"`, format version, frame type, flags, payload length), the payload, and an
+//! xxh3-64 checksum of both. Lengths are bounded by a configurable maximum, checked before
+//! anything is allocated; damage, truncation and a peer that goes away are distinct, typed
+//! [errors](Error). Frame types below 0x10 belong to this layer (hello, error, close,
+//! ping/pong); the protocol on top (replication batches, channel requests) numbers its own
+//! from 0x10.
+//!
+//! The layer is blocking and works over any `Read + Write` ([`Framed`]) or over split halves
+//! ([`FrameReader`], [`FrameWriter`]); sessions, TLS and an async flavor build on the same
+//! format. The byte layout is in `crates/wire/FORMAT.md`.
+//!
+//! ```
+//! use dedupwire_wire::{FrameType, Framed, Hello};
+//! # use std::io::Cursor;
+//! let mut link = Framed::new(Cursor::new(Vec::new()));
+//! let hello = Hello::new("example", 1..=2);
+//! link.send_hello(&hello).unwrap();
+//! link.write_frame(FrameType(0x10), b"payload").unwrap();
+//! link.get_mut().set_position(0); // read back what was written
+//! let agreed = link.recv_hello(&hello).unwrap();
+//! assert_eq!(agreed.version, 2);
+//! assert_eq!(link.read_frame().unwrap().payload, b"payload");
+//! ```
+#![deny(missing_docs)]
+
+mod error;
+pub mod frame;
+mod handshake;
+
+pub use error::{Error, Result};
+pub use frame::{
+    encode_frame, Frame, FrameConfig, FrameHead, FrameReader, FrameType, FrameWriter, Framed,
+};
+pub use handshake::{Agreement, Hello, HELLO_FORMAT, HELLO_MAGIC};
