@@ -36,6 +36,8 @@ pub struct Args {
 
 struct Workload {
     name: String,
+    /// A JSON-lines document stream (each item one line), which `replicate` can encode.
+    documents: bool,
     /// (key of the document or file path, bytes), oldest first.
     items: Vec<(String, Vec<u8>)>,
 }
@@ -55,7 +57,11 @@ fn load_docs(path: &Path) -> Result<Workload> {
         .unwrap_or_default()
         .to_string_lossy()
         .replace(".jsonl.zst", "");
-    Ok(Workload { name, items })
+    Ok(Workload {
+        name,
+        documents: true,
+        items,
+    })
 }
 
 fn load_releases(dir: &Path) -> Result<Workload> {
@@ -86,6 +92,7 @@ fn load_releases(dir: &Path) -> Result<Workload> {
         .to_string_lossy()
         .to_string();
     Ok(Workload {
+        documents: false,
         name: format!("{first}..+{}", releases.len() - 1),
         items,
     })
@@ -148,6 +155,33 @@ fn oracle(items: &[(String, Vec<u8>)]) -> (u64, u64) {
     (raw, zst)
 }
 
+/// sDedup as `dedupwire replicate encode` runs it: sources are the current versions only.
+fn replicate_row(w: &Workload, input: u64) -> Result<Row> {
+    use dedupwire_replicate::{jsonl, sdedup::SdedupConfig};
+    let mut lines = Vec::with_capacity(input as usize + w.items.len());
+    for (_, b) in &w.items {
+        lines.extend_from_slice(b);
+        lines.push(b'\n');
+    }
+    let t0 = Instant::now();
+    let mut enc = Vec::new();
+    jsonl::encode(&lines[..], &mut enc, SdedupConfig::default(), 4 << 20)?;
+    let e = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    let mut dec = Vec::new();
+    jsonl::decode(&enc[..], &mut dec, SdedupConfig::default())?;
+    let d = t1.elapsed().as_secs_f64();
+    if dec != lines {
+        bail!("replicate: decoded lines differ from the input");
+    }
+    Ok(Row {
+        method: "sDedup replicate encode (+zstd)".into(),
+        bytes: enc.len() as u64,
+        encode_mb_s: Some(input as f64 / 1e6 / e),
+        decode_mb_s: Some(input as f64 / 1e6 / d),
+    })
+}
+
 fn pipeline_rows(
     name: &str,
     config: PipelineConfig,
@@ -208,6 +242,9 @@ fn run_workload(w: &Workload) -> Result<serde_json::Value> {
         &w.items,
         input,
     )?);
+    if w.documents {
+        rows.push(replicate_row(w, input)?);
+    }
     let (oraw, ozst) = oracle(&w.items);
     rows.push(Row {
         method: "oracle: delta vs previous version".into(),
