@@ -65,7 +65,7 @@ pub struct Options {
     /// Link speed in bits per second the recommendation is made for.
     pub link_bits_per_s: f64,
     /// After the first [`FULL_RESIDUAL_BATCHES`] batches of a residual stream, compress one
-    /// batch in this many and extrapolate (1: compress everything; `None`: one per 128 MiB of input).
+    /// batch in this many and extrapolate (1: compress everything; `None`: one per 512 MiB of input).
     pub compress_every: Option<u64>,
     /// Exact dedup indexes one chunk in this many, chosen by content (1: every chunk).
     pub chunk_sample: u64,
@@ -108,7 +108,7 @@ pub fn analyze(
     let chunk_sample = opts.chunk_sample.clamp(1, 1 << 20);
     let compress_every = opts
         .compress_every
-        .unwrap_or_else(|| (disk_total / chunk_sample).div_ceil(128 << 20))
+        .unwrap_or_else(|| (disk_total / chunk_sample).div_ceil(512 << 20))
         .clamp(1, 64);
     let ropts = methods::RunnerOptions {
         on_top: opts.on_top,

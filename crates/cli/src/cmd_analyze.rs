@@ -31,7 +31,7 @@ pub struct Args {
     #[arg(long, default_value = "zstd-3")]
     compression: String,
     /// After the first 16 MiB of each residual stream, compress 1 batch (4 MiB) in N and
-    /// extrapolate, stating the error; 1 compresses everything [default: 1 per 128 MiB of input].
+    /// extrapolate, stating the error; 1 compresses everything [default: 1 per 512 MiB of input].
     #[arg(long, value_name = "N")]
     sample: Option<u64>,
     /// Exact dedup indexes 1 chunk in N, chosen by content, and scales up, stating the error
