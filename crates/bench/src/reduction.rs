@@ -165,7 +165,7 @@ fn replicate_row(w: &Workload, input: u64) -> Result<Row> {
     }
     let t0 = Instant::now();
     let mut enc = Vec::new();
-    jsonl::encode(&lines[..], &mut enc, SdedupConfig::default(), 4 << 20)?;
+    jsonl::encode(&lines[..], &mut enc, SdedupConfig::default(), 4 << 20, None)?;
     let e = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let mut dec = Vec::new();

@@ -65,6 +65,10 @@ enum Cmd {
         /// everything.
         #[arg(long)]
         until_drained: bool,
+        /// Keep the similarity state (feature index, document table) in DIR across restarts
+        /// [default: a temporary directory, rebuilt from the stream after a restart].
+        #[arg(long, value_name = "DIR")]
+        state: Option<std::path::PathBuf>,
         /// Print bytes on the wire against raw document bytes, batches, deltas and fallbacks
         /// to stderr at the end (JSON).
         #[arg(long)]
@@ -97,6 +101,7 @@ pub fn run(args: Args) -> Result<()> {
                 BufWriter::with_capacity(1 << 20, std::io::stdout().lock()),
                 config,
                 batch,
+                None,
             )?;
             if stats {
                 eprintln!("{}", serde_json::to_string_pretty(&report)?);
@@ -117,6 +122,7 @@ pub fn run(args: Args) -> Result<()> {
             batch_bytes,
             window,
             until_drained,
+            state,
             stats,
         } => {
             let batch_bytes = dedupwire_analyze::parse_size(&batch_bytes)
@@ -135,6 +141,7 @@ pub fn run(args: Args) -> Result<()> {
                     batch_bytes: batch_bytes.max(1),
                     window,
                     until_drained,
+                    state_dir: state,
                     ..SenderConfig::default()
                 },
             })?;

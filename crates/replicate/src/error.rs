@@ -23,6 +23,9 @@ pub enum Error {
         /// What is wrong.
         detail: String,
     },
+    /// The sender's similarity state (feature index, document table) failed.
+    #[error("replication state: {0}")]
+    State(String),
     /// Reading or writing failed.
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),

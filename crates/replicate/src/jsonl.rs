@@ -66,23 +66,27 @@ pub struct EncodeReport {
     pub ratio: f64,
     /// Source-cache hits / fetches.
     pub cache_hit_ratio: f64,
-    /// RAM of the feature index and key table.
+    /// RAM of the similarity state: feature table, its page cache, the document table's cache.
     pub index_bytes: usize,
+    /// RAM of the cuckoo feature table alone: the part that grows with the documents.
+    pub feature_table_bytes: usize,
     /// Documents indexed at the end.
     pub documents: usize,
-    /// `index_bytes / documents`.
+    /// `feature_table_bytes / documents`: what each more document costs in RAM.
     pub index_bytes_per_document: f64,
 }
 
 /// Reads lines from `input`, writes the encoded stream to `output`, batching about
-/// `batch_bytes` of input per batch.
+/// `batch_bytes` of input per batch; the similarity state lives in `state` (or a temporary
+/// directory).
 pub fn encode(
     input: impl BufRead,
     mut output: impl Write,
     config: SdedupConfig,
     batch_bytes: usize,
+    state: Option<&std::path::Path>,
 ) -> Result<EncodeReport, Error> {
-    let mut enc = Encoder::new(config);
+    let mut enc = Encoder::open(config, state)?;
     let mut store = MemoryStore::default();
     output.write_all(&FILE_MAGIC)?;
     let mut batch = Vec::new();
@@ -95,7 +99,7 @@ pub fn encode(
                      output: &mut dyn Write|
      -> Result<(), Error> {
         out.clear();
-        enc.encode_batch(batch, store, &mut out);
+        enc.encode_batch(batch, store, &mut out)?;
         for c in batch.iter() {
             store.apply(c);
         }
@@ -131,8 +135,9 @@ pub fn encode(
             stats.cache_hits as f64 / fetches as f64
         },
         index_bytes: enc.index_bytes(),
+        feature_table_bytes: enc.table_bytes(),
         documents,
-        index_bytes_per_document: enc.index_bytes() as f64 / documents.max(1) as f64,
+        index_bytes_per_document: enc.table_bytes() as f64 / documents.max(1) as f64,
         stats,
     })
 }

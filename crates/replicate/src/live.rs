@@ -58,6 +58,9 @@ pub enum LiveError {
     /// The peer sent something that makes no sense at this point.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// The sender's similarity state could not be opened or updated.
+    #[error("{0}")]
+    State(crate::Error),
 }
 
 impl From<WireError> for LiveError {
@@ -125,6 +128,9 @@ pub struct SenderConfig {
     pub idle_sleep: Duration,
     /// When idle this long, ping the receiver (a dead receiver is noticed).
     pub keepalive: Duration,
+    /// Where the sender keeps its similarity state across restarts (`None`: a temporary
+    /// directory, rebuilt from the stream after a restart).
+    pub state_dir: Option<std::path::PathBuf>,
     /// Stop (successfully) once the source has nothing more and everything is acknowledged.
     pub until_drained: bool,
     /// When set, send nothing new, wait for the batches in flight, and stop successfully.
@@ -141,6 +147,7 @@ impl Default for SenderConfig {
             window: 4,
             idle_sleep: Duration::from_millis(100),
             keepalive: Duration::from_secs(5),
+            state_dir: None,
             until_drained: false,
             stop: None,
         }
@@ -222,7 +229,8 @@ impl Sender {
             ..SendSummary::default()
         };
         let mut link = Framed::with_config(stream, frame_config());
-        let mut encoder = Encoder::new(self.config.sdedup);
+        let mut encoder = Encoder::open(self.config.sdedup, self.config.state_dir.as_deref())
+            .map_err(LiveError::State)?;
         let result = self.session(&mut link, &mut encoder, source, store);
         if let Err(e) = &result {
             if e.worth_telling() {
@@ -309,7 +317,9 @@ impl Sender {
                 }
                 let batch = self.take_batch(&mut pending);
                 out.clear();
-                encoder.encode_batch(&batch, store, &mut out);
+                encoder
+                    .encode_batch(&batch, store, &mut out)
+                    .map_err(LiveError::State)?;
                 Message::Batch(std::mem::take(&mut out)).send(link)?;
                 self.summary.batches += 1;
                 self.summary.changes += batch.len() as u64;

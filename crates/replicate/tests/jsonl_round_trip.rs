@@ -8,8 +8,14 @@ use proptest::prelude::*;
 
 fn round_trip(input: &[u8], batch: usize) -> (Vec<u8>, jsonl::EncodeReport, Vec<u8>) {
     let mut enc = Vec::new();
-    let report =
-        jsonl::encode(Cursor::new(input), &mut enc, SdedupConfig::default(), batch).unwrap();
+    let report = jsonl::encode(
+        Cursor::new(input),
+        &mut enc,
+        SdedupConfig::default(),
+        batch,
+        None,
+    )
+    .unwrap();
     let mut dec = Vec::new();
     jsonl::decode(Cursor::new(&enc), &mut dec, SdedupConfig::default()).unwrap();
     (enc, report, dec)
@@ -84,7 +90,7 @@ proptest! {
     #[test]
     fn damage_is_an_error_never_a_wrong_line(input in doc_lines(), at: usize, xor in 1u8..=255) {
         let mut enc = Vec::new();
-        jsonl::encode(Cursor::new(&input), &mut enc, SdedupConfig::default(), 2000).unwrap();
+        jsonl::encode(Cursor::new(&input), &mut enc, SdedupConfig::default(), 2000, None).unwrap();
         let i = at % enc.len();
         enc[i] ^= xor;
         let mut dec = Vec::new();
@@ -109,9 +115,15 @@ fn bad_lines_are_clear_errors() {
         (b"{\"op\":\"insert\"}\n", "no \"_id\" field"),
     ];
     for (input, want) in cases {
-        let err = jsonl::encode(Cursor::new(input), Vec::new(), SdedupConfig::default(), 100)
-            .unwrap_err()
-            .to_string();
+        let err = jsonl::encode(
+            Cursor::new(input),
+            Vec::new(),
+            SdedupConfig::default(),
+            100,
+            None,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains(want), "{err}");
     }
     let err = jsonl::decode(

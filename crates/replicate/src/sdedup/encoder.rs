@@ -3,12 +3,13 @@
 use std::collections::HashMap;
 
 use dedupwire_engine::delta::DeltaCodec;
-use dedupwire_engine::similarity::{select_source, CandidateIndex};
+use dedupwire_engine::similarity::CACHE_REWARD;
 use serde::Serialize;
 
+use super::docindex::DocIndex;
 use super::format::*;
 use super::{content_hash, key_hash, SdedupConfig, SourceCache, SourceStore};
-use crate::{Change, Op};
+use crate::{Change, Error, Op};
 
 /// What the encoder has done so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -29,6 +30,15 @@ pub struct EncodeStats {
     pub cache_misses: u64,
     /// Entries re-sent raw because a receiver's source differed.
     pub fallbacks: u64,
+}
+
+/// A chosen delta source.
+struct Source {
+    key: u64,
+    collection: String,
+    id: String,
+    doc: Vec<u8>,
+    cached: bool,
 }
 
 /// The state as of the change being encoded: earlier changes of the batch, then the store.
@@ -53,8 +63,7 @@ impl SourceStore for BatchOverlay<'_> {
 /// Encodes changes into batches, keeping the feature index and source cache between them.
 pub struct Encoder {
     config: SdedupConfig,
-    index: CandidateIndex<u64>,
-    keys: HashMap<u64, (String, String)>,
+    index: DocIndex,
     cache: SourceCache,
     codec: Box<dyn DeltaCodec>,
     stats: EncodeStats,
@@ -64,11 +73,16 @@ pub struct Encoder {
 }
 
 impl Encoder {
-    /// An encoder with empty state (a restarted sender rebuilds it from the stream it sends).
-    pub fn new(config: SdedupConfig) -> Self {
-        Encoder {
-            index: CandidateIndex::new(config.max_per_feature),
-            keys: HashMap::new(),
+    /// An encoder whose similarity state lives in a temporary directory.
+    pub fn new(config: SdedupConfig) -> Result<Self, Error> {
+        Self::open(config, None)
+    }
+
+    /// An encoder whose similarity state persists in `state` (created if missing), so a
+    /// restarted sender keeps finding sources; `None` uses a temporary directory.
+    pub fn open(config: SdedupConfig, state: Option<&std::path::Path>) -> Result<Self, Error> {
+        Ok(Encoder {
+            index: DocIndex::open(state, config.max_per_feature)?,
             cache: SourceCache::new(config.cache_entries),
             codec: config.delta.build(),
             stats: EncodeStats::default(),
@@ -76,7 +90,7 @@ impl Encoder {
             delta: Vec::new(),
             body: Vec::new(),
             config,
-        }
+        })
     }
 
     /// Encodes `changes` (oldest first) as one batch appended to `out`.
@@ -85,7 +99,7 @@ impl Encoder {
         changes: &[Change],
         store: &mut dyn SourceStore,
         out: &mut Vec<u8>,
-    ) {
+    ) -> Result<(), Error> {
         self.body.clear();
         let mut overlay = BatchOverlay {
             changes,
@@ -93,12 +107,14 @@ impl Encoder {
             store,
         };
         for (i, c) in changes.iter().enumerate() {
-            self.encode_change(c, &mut overlay);
+            self.encode_change(c, &mut overlay)?;
             overlay.latest.insert(key_hash(&c.collection, &c.id), i);
         }
+        self.index.commit()?;
         let start = out.len();
         seal(&self.body, changes.len(), self.config.compression, out);
         self.stats.output_bytes += (out.len() - start) as u64;
+        Ok(())
     }
 
     /// Encodes `changes` with every document whole: the answer to a receiver's request for
@@ -132,7 +148,7 @@ impl Encoder {
         put_bytes(&mut self.body, c.id.as_bytes());
     }
 
-    fn encode_change(&mut self, c: &Change, store: &mut dyn SourceStore) {
+    fn encode_change(&mut self, c: &Change, store: &mut dyn SourceStore) -> Result<(), Error> {
         self.stats.entries += 1;
         self.stats.input_bytes +=
             (c.collection.len() + c.id.len() + c.doc.as_ref().map_or(0, Vec::len)) as u64;
@@ -140,30 +156,23 @@ impl Encoder {
         let key = key_hash(&c.collection, &c.id);
         let Some(doc) = &c.doc else {
             self.body.push(DOC_NONE);
-            self.forget(key);
-            return;
+            return self.forget(key);
         };
         if c.op == Op::Delete {
             // A delete that carries its document (JSON-lines mode) sends it as it is.
             self.body.push(DOC_LITERAL);
             put_bytes(&mut self.body, doc);
-            self.forget(key);
-            return;
+            return self.forget(key);
         }
         self.config.sketch.sketch_into(doc, &mut self.features);
-        let source = self.find_source(doc, store);
+        let source = self.find_source(doc, store)?;
         match &source {
-            Some((src_key, src_doc, _)) => {
-                let (coll, id) = self
-                    .keys
-                    .get(src_key)
-                    .expect("sources come from the key table")
-                    .clone();
+            Some(src) => {
                 self.body.push(DOC_DELTA);
-                put_bytes(&mut self.body, coll.as_bytes());
-                put_bytes(&mut self.body, id.as_bytes());
+                put_bytes(&mut self.body, src.collection.as_bytes());
+                put_bytes(&mut self.body, src.id.as_bytes());
                 self.body
-                    .extend_from_slice(&content_hash(src_doc).to_le_bytes());
+                    .extend_from_slice(&content_hash(&src.doc).to_le_bytes());
                 put_varint(&mut self.body, doc.len() as u64);
                 put_bytes(&mut self.body, &self.delta);
                 self.stats.deltas += 1;
@@ -174,58 +183,58 @@ impl Encoder {
                 self.stats.literals += 1;
             }
         }
-        let replaced = source.as_ref().filter(|s| s.2).map(|s| s.0);
+        let replaced = source.as_ref().filter(|s| s.cached).map(|s| s.key);
         self.cache.put(key, doc, replaced);
-        self.keys
-            .entry(key)
-            .or_insert_with(|| (c.collection.clone(), c.id.clone()));
         if !self.features.is_empty() {
-            let features = std::mem::take(&mut self.features);
-            self.index.insert(key, &features);
-            self.features = features;
+            self.index
+                .upsert(key, &c.collection, &c.id, &self.features)?;
         }
+        Ok(())
     }
 
-    /// The best source whose delta is smaller than the document: (key, source, was cached).
-    /// Leaves the delta in `self.delta`.
+    /// The best source whose delta is smaller than the document; leaves the delta in
+    /// `self.delta`.
     fn find_source(
         &mut self,
         doc: &[u8],
         store: &mut dyn SourceStore,
-    ) -> Option<(u64, Vec<u8>, bool)> {
+    ) -> Result<Option<Source>, Error> {
         if self.features.is_empty() {
-            return None;
+            return Ok(None);
         }
-        let mut candidates = self.index.lookup(&self.features);
-        for _ in 0..self.config.max_candidates {
-            let cache = &self.cache;
-            let best = select_source(&candidates, |k| cache.contains(*k))?;
-            candidates.retain(|c| c.id != best);
-            let (src, cached) = match self.cache.lookup(best) {
+        let cache = &self.cache;
+        let found = self.index.candidates(
+            &self.features,
+            self.config.max_candidates,
+            CACHE_REWARD as u32,
+            |k| cache.contains(k),
+        )?;
+        for f in found {
+            let (src, cached) = match self.cache.lookup(f.key) {
                 Some(d) => (d.to_vec(), true),
-                None => {
-                    let Some((coll, id)) = self.keys.get(&best) else {
-                        continue;
-                    };
-                    match store.fetch(coll, id) {
-                        Some(d) => (d, false),
-                        None => continue,
-                    }
-                }
+                None => match store.fetch(&f.collection, &f.id) {
+                    Some(d) => (d, false),
+                    None => continue,
+                },
             };
             self.delta.clear();
             self.codec.encode(&src, doc, &mut self.delta);
             if self.delta.len() < doc.len() {
-                return Some((best, src, cached));
+                return Ok(Some(Source {
+                    key: f.key,
+                    collection: f.collection,
+                    id: f.id,
+                    doc: src,
+                    cached,
+                }));
             }
         }
-        None
+        Ok(None)
     }
 
-    fn forget(&mut self, key: u64) {
+    fn forget(&mut self, key: u64) -> Result<(), Error> {
         self.cache.remove(key);
-        self.index.remove(&key);
-        self.keys.remove(&key);
+        self.index.delete(key)
     }
 
     /// What the encoder has done so far.
@@ -238,20 +247,20 @@ impl Encoder {
         }
     }
 
-    /// RAM held by the feature index and the key table (the source cache excluded, as in
-    /// sDedup's accounting).
+    /// RAM held by the similarity state (feature table, its page cache, the document
+    /// table's cache bound); the source cache is excluded, as in sDedup's accounting.
     pub fn index_bytes(&self) -> usize {
-        let keys: usize = self
-            .keys
-            .values()
-            .map(|(c, i)| c.capacity() + i.capacity() + 2 * std::mem::size_of::<String>() + 8 + 1)
-            .sum();
-        self.index.memory_bytes() + keys
+        self.index.memory_bytes()
+    }
+
+    /// RAM of the cuckoo feature table alone: the part that grows with the documents.
+    pub fn table_bytes(&self) -> usize {
+        self.index.table_bytes()
     }
 
     /// Documents the feature index knows.
     pub fn documents(&self) -> usize {
-        self.keys.len()
+        self.index.documents() as usize
     }
 
     /// Bytes of documents in the source cache.

@@ -10,6 +10,7 @@
 
 mod cache;
 mod decoder;
+mod docindex;
 mod encoder;
 mod format;
 
