@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 mod chunking;
 mod delta;
 mod reduction;
+mod replicate;
 
 #[derive(Parser)]
 #[command(about = "dedupwire benchmarks: ours vs peers in the same run")]
@@ -23,6 +24,8 @@ enum Cmd {
     Delta(delta::Args),
     /// Reduction on document streams and package releases (zstd, exact CDC, similarity+delta, oracle).
     Reduction(reduction::Args),
+    /// Live PostgreSQL replication: dedupwire vs PostgreSQL logical replication, bytes on the wire.
+    Replicate(replicate::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -30,5 +33,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::Chunking(a) => chunking::run(&a),
         Cmd::Delta(a) => delta::run(&a),
         Cmd::Reduction(a) => reduction::run(&a),
+        Cmd::Replicate(a) => replicate::run(&a),
     }
 }
