@@ -24,10 +24,7 @@
 
 use std::io::{BufRead, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::os::unix::fs::MetadataExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -41,6 +38,7 @@ use dedupwire_engine::pipeline::{decode_all, encode_all, PipelineConfig};
 use dedupwire_replicate::live::{
     PgDocStore, ReceiveSummary, Receiver, SendSummary, Sender, SenderConfig,
 };
+use dedupwire_replicate::pg::server;
 use dedupwire_replicate::pg::{PgError, PgSink, PgSinkConfig, PgSource, PgSourceConfig, Tables};
 use dedupwire_replicate::{Change, ChangeSource, Op};
 use postgres::{Client, NoTls};
@@ -124,192 +122,39 @@ fn apply_writes(client: &mut Client, writes: &[Write1], per_tx: usize) -> Result
 // ---------------------------------------------------------------------------------------------
 // PostgreSQL server
 
-/// A throwaway server; stopped (`pg_ctl stop -m immediate`) and deleted on drop.
-struct PgServer {
-    dir: tempfile::TempDir,
-    bindir: PathBuf,
-    run_as: Option<(u32, u32)>,
-    port: u16,
-}
+/// The library's throwaway server, with the benchmark's bounded connections and databases.
+struct PgServer(server::PgServer);
 
 fn find_bindir(explicit: Option<&Path>) -> Result<PathBuf> {
-    let mut candidates: Vec<PathBuf> = Vec::new();
-    if let Some(d) = explicit {
-        candidates.push(d.to_path_buf());
-    }
-    if let Some(dir) = std::env::var_os("PG_BINDIR") {
-        candidates.push(PathBuf::from(dir));
-    }
-    candidates.push(PathBuf::from("/usr/lib/postgresql/15/bin"));
-    if let Ok(entries) = std::fs::read_dir("/usr/lib/postgresql") {
-        let mut versions: Vec<(u32, PathBuf)> = entries
-            .flatten()
-            .filter_map(|e| {
-                let v = e.file_name().to_str()?.parse::<u32>().ok()?;
-                Some((v, e.path().join("bin")))
-            })
-            .collect();
-        versions.sort();
-        candidates.extend(versions.into_iter().rev().map(|(_, p)| p));
-    }
-    let mut missing = Vec::new();
-    for bin in candidates {
-        let has = |name: &str| bin.join(name).is_file();
-        if !(has("postgres") && has("initdb") && has("pg_ctl")) {
-            missing.push(format!("no PostgreSQL server in {}", bin.display()));
-            continue;
-        }
-        let lib = bin.parent().map(|p| p.join("lib")).unwrap_or_default();
-        if !lib.join("wal2json.so").is_file() {
-            missing.push(format!("no wal2json.so in {}", lib.display()));
-            continue;
-        }
-        return Ok(bin);
-    }
-    bail!(
-        "PostgreSQL server binaries with wal2json are needed ({}): install them with \
-         `apt-get install -y postgresql-15 postgresql-15-wal2json` (or pass --pg-bindir / set PG_BINDIR)",
-        missing.join("; ")
-    )
-}
-
-/// PostgreSQL refuses to run as root: then run it as `postgres` (or `nobody`).
-fn run_as_ids() -> Result<Option<(u32, u32)>> {
-    let euid = std::fs::metadata("/proc/self")
-        .map(|m| m.uid())
-        .unwrap_or(u32::MAX);
-    if euid != 0 {
-        return Ok(None);
-    }
-    for user in ["postgres", "nobody"] {
-        let id = |flag: &str| -> Option<u32> {
-            let out = Command::new("id").arg(flag).arg(user).output().ok()?;
-            if !out.status.success() {
-                return None;
-            }
-            String::from_utf8_lossy(&out.stdout).trim().parse().ok()
-        };
-        if let (Some(uid), Some(gid)) = (id("-u"), id("-g")) {
-            return Ok(Some((uid, gid)));
-        }
-    }
-    bail!("running as root, and neither user postgres nor nobody exists to run PostgreSQL")
-}
-
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-fn describe(out: &Output) -> String {
-    format!(
-        "{}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    server::find_bindir(explicit).map_err(|e| anyhow::anyhow!("{e} (or pass --pg-bindir)"))
 }
 
 impl PgServer {
     fn start(bindir: PathBuf, timeout: Duration) -> Result<PgServer> {
-        let run_as = run_as_ids()?;
-        let dir = tempfile::Builder::new()
-            .prefix("dedupwire-bench-pg-")
-            .tempdir()?;
-        if let Some((uid, gid)) = run_as {
-            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
-                .context("chown the server directory")?;
-        }
-        let mut server = PgServer {
-            dir,
-            bindir,
-            run_as,
-            port: 0,
-        };
-        let out = server
-            .command("initdb")
-            .arg("-D")
-            .arg(server.data_dir())
-            .args([
-                "-A",
-                "trust",
-                "-U",
-                "postgres",
-                "-E",
-                "UTF8",
-                "--locale=C",
-                "--no-sync",
-                "--no-instructions",
-            ])
-            .output()
-            .context("run initdb")?;
-        if !out.status.success() {
-            bail!("initdb failed: {}", describe(&out));
-        }
-        let mut last = String::new();
-        for _ in 0..5 {
-            let port = free_port()?;
-            let options = format!(
-                "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off \
-                 -c synchronous_commit=off -c full_page_writes=off -c wal_level=logical \
-                 -c max_replication_slots=20 -c max_wal_senders=20 -c max_connections=60 \
-                 -c max_worker_processes=16 -c max_logical_replication_workers=8 \
-                 -c shared_buffers=256MB -c max_wal_size=4GB",
-                server.dir.path().display()
-            );
-            let out = server
-                .command("pg_ctl")
-                .arg("-D")
-                .arg(server.data_dir())
-                .arg("-l")
-                .arg(server.log_file())
-                .args(["-w", "-t", &timeout.as_secs().max(10).to_string()])
-                .args(["-o", &options, "start"])
-                .output()
-                .context("run pg_ctl start")?;
-            if out.status.success() {
-                server.port = port;
-                return Ok(server);
-            }
-            let log = std::fs::read_to_string(server.log_file()).unwrap_or_default();
-            last = format!("{}\nserver log:\n{log}", describe(&out));
-            if !log.contains("could not bind") && !log.contains("already in use") {
-                break;
-            }
-        }
-        bail!("could not start PostgreSQL: {last}")
+        let settings = [
+            ("synchronous_commit", "off"),
+            ("shared_buffers", "256MB"),
+            ("max_wal_size", "4GB"),
+        ];
+        server::PgServer::start(bindir, &settings, timeout)
+            .map(PgServer)
+            .map_err(|e| anyhow::anyhow!(e))
     }
 
-    fn data_dir(&self) -> PathBuf {
-        self.dir.path().join("data")
-    }
-
-    fn log_file(&self) -> PathBuf {
-        self.dir.path().join("server.log")
-    }
-
-    fn command(&self, program: &str) -> Command {
-        let mut cmd = Command::new(self.bindir.join(program));
-        cmd.current_dir(self.dir.path())
-            .env("LC_ALL", "C")
-            .env_remove("PGDATA")
-            .env_remove("PGPORT")
-            .env_remove("PGHOST");
-        if let Some((uid, gid)) = self.run_as {
-            cmd.uid(uid).gid(gid);
-        }
-        cmd
+    fn port(&self) -> u16 {
+        self.0.port()
     }
 
     /// Connection string of database `db` on `port` (the server's, or a proxy's).
     fn conninfo(port: u16, db: &str) -> String {
-        format!("host=127.0.0.1 port={port} user=postgres dbname={db}")
+        server::PgServer::conninfo(port, db)
     }
 
     fn url(&self, db: &str) -> String {
         // Every statement bounded (the slot peeks and the checksum queries included).
         format!(
             "{} connect_timeout=10 options='-c statement_timeout=300000'",
-            Self::conninfo(self.port, db)
+            self.0.url(db)
         )
     }
 
@@ -335,20 +180,6 @@ impl PgServer {
         let mut c = self.client("postgres")?;
         c.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))?;
         Ok(())
-    }
-}
-
-impl Drop for PgServer {
-    fn drop(&mut self) {
-        if self.port == 0 {
-            return;
-        }
-        let _ = self
-            .command("pg_ctl")
-            .arg("-D")
-            .arg(self.data_dir())
-            .args(["-m", "immediate", "-w", "-t", "30", "stop"])
-            .output();
     }
 }
 
@@ -1055,7 +886,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let bindir = find_bindir(args.pg_bindir.as_deref())?;
     let pg = PgServer::start(bindir, Duration::from_secs(args.timeout))?;
-    let proxy = Proxy::start(pg.port)?;
+    let proxy = Proxy::start(pg.port())?;
     println!(
         "replicate: live PostgreSQL 127.0.0.1 replication, bytes on the wire (both directions); \
          body = whole JSON line; 'vs raw' / 'vs native' = that many times fewer bytes"

@@ -28,6 +28,7 @@
 //! as before and the sink's `pos <= stored` test skips exactly what it already applied. See
 //! [`PgSource`] for the details.
 
+pub mod server;
 mod sink;
 mod source;
 mod wal2json;
