@@ -11,6 +11,7 @@ pub mod change;
 mod error;
 pub mod jsonl;
 pub mod live;
+#[cfg(feature = "postgres")]
 pub mod pg;
 pub mod protocol;
 pub mod sdedup;

@@ -28,11 +28,13 @@
 //! as before and the sink's `pos <= stored` test skips exactly what it already applied. See
 //! [`PgSource`] for the details.
 
+mod doc_store;
 pub mod server;
 mod sink;
 mod source;
 mod wal2json;
 
+pub use doc_store::PgDocStore;
 pub use sink::{BodyType, PgSink, PgSinkConfig, POSITION_TABLE};
 pub use source::{PgSource, PgSourceConfig, Tables};
 
