@@ -27,6 +27,6 @@ pub mod exact_index;
 pub mod fingerprint;
 pub mod pipeline;
 pub mod similarity;
-pub(crate) mod varint;
+pub mod varint;
 
 pub use error::{Error, Result};

@@ -3,7 +3,7 @@
 use crate::{Error, Result};
 
 /// Appends `v` as an LEB128 varint.
-pub(crate) fn put(out: &mut Vec<u8>, mut v: u64) {
+pub fn put(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;
@@ -12,7 +12,7 @@ pub(crate) fn put(out: &mut Vec<u8>, mut v: u64) {
 }
 
 /// Reads a varint at `*pos`, advancing it; `what` names the structure for errors.
-pub(crate) fn get(buf: &[u8], pos: &mut usize, what: &'static str) -> Result<u64> {
+pub fn get(buf: &[u8], pos: &mut usize, what: &'static str) -> Result<u64> {
     let start = *pos;
     let mut v: u64 = 0;
     let mut shift = 0u32;
@@ -36,12 +36,7 @@ pub(crate) fn get(buf: &[u8], pos: &mut usize, what: &'static str) -> Result<u64
 }
 
 /// Reads a varint that must fit in `usize` and be at most `limit`.
-pub(crate) fn get_len(
-    buf: &[u8],
-    pos: &mut usize,
-    limit: usize,
-    what: &'static str,
-) -> Result<usize> {
+pub fn get_len(buf: &[u8], pos: &mut usize, limit: usize, what: &'static str) -> Result<usize> {
     let start = *pos;
     let v = get(buf, pos, what)?;
     if v > limit as u64 {

@@ -176,21 +176,6 @@ impl Rng {
     }
 }
 
-fn seed() -> u64 {
-    let seed = std::env::var("LIVE_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    eprintln!("LIVE_SEED={seed}");
-    seed
-}
-
 fn config() -> SenderConfig {
     SenderConfig {
         stream: "mem".into(),
@@ -299,7 +284,7 @@ fn workload(world: &Shared<World>, rng: &mut Rng, writes: usize, docs: u64) {
 
 #[test]
 fn replicates_a_stream_exactly_and_compactly() {
-    let mut rng = Rng(seed());
+    let mut rng = Rng(support::seed());
     let world = Shared::default();
     let replica = Shared::default();
     workload(&world, &mut rng, 1500, 60);
@@ -358,7 +343,7 @@ fn replicates_a_stream_exactly_and_compactly() {
 
 #[test]
 fn survives_kills_at_random_points() {
-    let mut rng = Rng(seed());
+    let mut rng = Rng(support::seed());
     let world: Shared<World> = Shared::default();
     let replica = Shared::default();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -439,7 +424,7 @@ fn survives_kills_at_random_points() {
 
 #[test]
 fn a_diverged_replica_gets_raw_entries() {
-    let mut rng = Rng(seed());
+    let mut rng = Rng(support::seed());
     let world: Shared<World> = Shared::default();
     let replica: Shared<Replica> = Shared::default();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -272,17 +272,7 @@ fn kills_at_random_points_lose_and_duplicate_nothing() {
     // An audit slot sees every change too, with the same positions.
     let mut audit = PgSource::connect(&src_url, source_config("audit")).unwrap();
     drop(PgSource::connect(&src_url, source_config(SLOT)).unwrap());
-    let seed = std::env::var("LIVE_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    eprintln!("LIVE_SEED={seed}");
+    let seed = support::seed();
     let mut rng = seed;
     let mut next = move |n: u64| {
         rng ^= rng << 13;

@@ -17,13 +17,7 @@ pub(super) const DOC_NONE: u8 = 0;
 pub(super) const DOC_LITERAL: u8 = 1;
 pub(super) const DOC_DELTA: u8 = 2;
 
-pub(super) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
+pub(super) use dedupwire_engine::varint::put as put_varint;
 
 pub(super) fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     put_varint(out, b.len() as u64);
@@ -77,15 +71,11 @@ impl<'a> Reader<'a> {
     }
 
     pub(super) fn varint(&mut self) -> Result<u64, crate::Error> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let b = self.u8()?;
-            v |= u64::from(b & 0x7f) << shift;
-            if b & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err(self.err("varint longer than 64 bits"))
+        let at = self.pos;
+        dedupwire_engine::varint::get(self.buf, &mut self.pos, "replication batch").map_err(|e| {
+            self.pos = at;
+            self.err(e.to_string())
+        })
     }
 
     pub(super) fn len(&mut self, limit: usize) -> Result<usize, crate::Error> {

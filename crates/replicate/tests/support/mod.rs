@@ -68,6 +68,22 @@ impl PgServer {
 
 // ---- Helpers of the live replication tests (tests/live_*.rs) ----
 
+/// The random seed of a kill test: `$LIVE_SEED` to replay a failure, else the clock (printed).
+pub fn seed() -> u64 {
+    let seed = std::env::var("LIVE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("LIVE_SEED={seed}");
+    seed
+}
+
 /// A stream that fails every read and write once `budget` bytes have gone through it (both
 /// directions counted): a process killed in the middle of a conversation.
 pub struct Faulty<S> {
