@@ -30,9 +30,11 @@
 mod error;
 pub mod frame;
 mod handshake;
+pub mod store;
 
 pub use error::{Error, Result};
 pub use frame::{
     encode_frame, Frame, FrameConfig, FrameHead, FrameReader, FrameType, FrameWriter, Framed,
 };
 pub use handshake::{Agreement, Hello, HELLO_FORMAT, HELLO_MAGIC};
+pub use store::{ChunkId, ChunkStore, MemoryStore, StoreError};
