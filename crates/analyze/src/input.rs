@@ -236,3 +236,35 @@ fn read_documents(
     }
     Ok(())
 }
+
+/// Splits `items` into batches of `batch` bytes (the last one shorter), splitting items across
+/// batches the way the readers do.
+#[cfg(test)]
+pub(crate) fn test_batches(items: &[Vec<u8>], batch: usize) -> Vec<Batch> {
+    let mut out = Vec::new();
+    let mut cur = new_batch(0, ItemKind::File);
+    for item in items {
+        let mut rest = &item[..];
+        loop {
+            let take = rest.len().min(batch - cur.data.len());
+            let start = cur.data.len();
+            cur.data.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            cur.pieces.push(Piece {
+                start,
+                end: start + take,
+                item_end: rest.is_empty(),
+            });
+            if cur.data.len() >= batch {
+                out.push(std::mem::replace(&mut cur, new_batch(0, ItemKind::File)));
+            }
+            if rest.is_empty() {
+                break;
+            }
+        }
+    }
+    if !cur.pieces.is_empty() {
+        out.push(cur);
+    }
+    out
+}

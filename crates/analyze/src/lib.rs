@@ -14,7 +14,7 @@ mod cpu;
 pub mod html;
 pub mod input;
 pub mod methods;
-mod push_chunker;
+mod multi_cut;
 pub mod recommend;
 pub mod report;
 
@@ -64,8 +64,9 @@ pub struct Options {
     pub on_top: Compression,
     /// Link speed in bits per second the recommendation is made for.
     pub link_bits_per_s: f64,
-    /// After the first [`FULL_RESIDUAL_BATCHES`] batches of a residual stream, compress one
-    /// batch in this many and extrapolate (1: compress everything; `None`: one per 512 MiB of input).
+    /// After the first [`FULL_RESIDUAL_BATCHES`] batches of a compressed stream (compression
+    /// alone, or on top of dedup), compress one batch in this many and extrapolate (1: compress
+    /// everything; `None`: [`auto_compress_every`]).
     pub compress_every: Option<u64>,
     /// Exact dedup indexes one chunk in this many, chosen by content (1: every chunk).
     pub chunk_sample: u64,
@@ -83,6 +84,26 @@ impl Default for Options {
             chunk_sample: 1,
             window_bytes: 1 << 30,
         }
+    }
+}
+
+/// Inputs up to this size are compressed in full by every method (no sampling by default).
+pub const EXACT_UP_TO: u64 = 512 << 20;
+
+/// Batches each compressed stream samples by default on larger inputs, after the first
+/// [`FULL_RESIDUAL_BATCHES`]: enough for a standard error of about 1% on real data.
+pub const SAMPLED_BATCHES: u64 = 32;
+
+/// The default `compress_every` for `bytes` of input: 1 (everything) up to
+/// [`EXACT_UP_TO`], then about [`SAMPLED_BATCHES`] batches per stream whatever the size, so
+/// compression costs about the same on 1 GB as on 100 GB.
+pub fn auto_compress_every(bytes: u64) -> u64 {
+    if bytes <= EXACT_UP_TO {
+        1
+    } else {
+        (bytes / input::BATCH_BYTES as u64)
+            .div_ceil(SAMPLED_BATCHES)
+            .max(1)
     }
 }
 
@@ -108,8 +129,8 @@ pub fn analyze(
     let chunk_sample = opts.chunk_sample.clamp(1, 1 << 20);
     let compress_every = opts
         .compress_every
-        .unwrap_or_else(|| (disk_total / chunk_sample).div_ceil(512 << 20))
-        .clamp(1, 64);
+        .unwrap_or_else(|| auto_compress_every(disk_total / chunk_sample))
+        .clamp(1, 1 << 20);
     let ropts = methods::RunnerOptions {
         on_top: opts.on_top,
         compress_every,
@@ -118,10 +139,7 @@ pub fn analyze(
         window_bytes: opts.window_bytes,
         blake3_s_per_byte,
     };
-    let runners = specs
-        .iter()
-        .map(|s| methods::runner(*s, &ropts))
-        .collect::<Result<Vec<_>, _>>()?;
+    let runners = methods::runners(&specs, &ropts)?;
     // Each method runs on its own thread behind a short queue, so a slow method never makes
     // the fast ones wait at a per-batch barrier; batches are shared, not copied.
     let workers: Vec<_> = runners

@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use crate::cpu::charge;
 use crate::input::{Batch, ItemKind, BATCH_BYTES};
-use crate::push_chunker::PushChunker;
+use crate::multi_cut::MultiCut;
 use crate::AnalyzeError;
 
 /// Bytes a chunk reference costs in a recipe or on the wire (tag + chunk number + length).
@@ -171,13 +171,33 @@ pub trait Runner: Send {
     fn finish(self: Box<Self>) -> Vec<Measured>;
 }
 
-/// Builds the runner for `spec`.
-pub fn runner(spec: MethodSpec, opts: &RunnerOptions) -> Result<Box<dyn Runner>, AnalyzeError> {
-    Ok(match spec {
-        MethodSpec::Compress(c) => Box::new(CompressRunner::new(c)),
-        MethodSpec::Exact(c) => Box::new(ExactRunner::new(c, opts)?),
-        MethodSpec::Similarity => Box::new(SimilarityRunner::new(opts)?),
-    })
+/// Builds the runners for `specs`: one per compression or similarity method, one for all
+/// fixed sizes and one for all CDC sizes (each cut in a single pass), one for whole items.
+pub fn runners(
+    specs: &[MethodSpec],
+    opts: &RunnerOptions,
+) -> Result<Vec<Box<dyn Runner>>, AnalyzeError> {
+    let mut out: Vec<Box<dyn Runner>> = Vec::new();
+    let (mut fixed, mut cdc) = (Vec::new(), Vec::new());
+    for spec in specs {
+        match *spec {
+            MethodSpec::Compress(c) => {
+                out.push(Box::new(CompressRunner::new(c, opts.compress_every)))
+            }
+            MethodSpec::Similarity => out.push(Box::new(SimilarityRunner::new(opts)?)),
+            MethodSpec::Exact(c @ ChunkerSpec::Whole) => {
+                out.push(Box::new(ExactRunner::new(&[c], opts)?))
+            }
+            MethodSpec::Exact(c @ ChunkerSpec::Fixed { .. }) => fixed.push(c),
+            MethodSpec::Exact(c @ ChunkerSpec::Cdc { .. }) => cdc.push(c),
+        }
+    }
+    for group in [fixed, cdc] {
+        if !group.is_empty() {
+            out.push(Box::new(ExactRunner::new(&group, opts)?));
+        }
+    }
+    Ok(out)
 }
 
 /// Settings shared by the runners.
@@ -197,31 +217,29 @@ pub struct RunnerOptions {
     pub blake3_s_per_byte: fn(usize) -> f64,
 }
 
+/// Compression alone, per 4 MiB batch; on large inputs one batch in `every` after the first
+/// few, extrapolated like a residual stream.
 struct CompressRunner {
     method: Compression,
-    compressor: Compressor,
-    out: u64,
-    cpu: f64,
+    stream: Residual,
 }
 
 impl CompressRunner {
-    fn new(method: Compression) -> Self {
+    fn new(method: Compression, every: u64) -> Self {
         CompressRunner {
             method,
-            compressor: Compressor::new(method),
-            out: 0,
-            cpu: 0.0,
+            stream: Residual::new(every, method),
         }
     }
 }
 
 impl Runner for CompressRunner {
     fn feed(&mut self, batch: &Batch) {
-        let c = &mut self.compressor;
-        self.out += charge(&mut self.cpu, || c.compress(&batch.data).len() as u64);
+        self.stream.push(&batch.data);
     }
 
-    fn finish(self: Box<Self>) -> Vec<Measured> {
+    fn finish(mut self: Box<Self>) -> Vec<Measured> {
+        let (out, rel, cpu) = self.stream.estimate();
         ["local", "global"]
             .into_iter()
             .map(|scope| Measured {
@@ -229,20 +247,23 @@ impl Runner for CompressRunner {
                 family: "compress".into(),
                 scope,
                 params: serde_json::json!({ "compression": self.method.to_string(), "batch_bytes": BATCH_BYTES }),
-                output_bytes: self.out,
+                output_bytes: out,
                 index_bytes: 0,
-                cpu_seconds: self.cpu,
-                rel_error: 0.0,
+                cpu_seconds: cpu,
+                rel_error: rel,
             })
             .collect()
     }
 }
 
 /// Compresses a residual stream in batches: the first [`crate::FULL_RESIDUAL_BATCHES`] in
-/// full, then one batch in `every`, estimating the rest from the sampled ones' ratio.
+/// full, then one batch in `every`, estimating the rest from the sampled ones' ratio. Bytes
+/// of batches that will not be sampled are only counted, never copied.
 struct Residual {
     compressor: Compressor,
     buf: Vec<u8>,
+    /// Raw bytes in the current batch (copied into `buf` only when it is sampled).
+    cur: usize,
     batches: u64,
     every: u64,
     /// Bytes in and out of the batches compressed in full.
@@ -255,13 +276,16 @@ struct Residual {
     tail_batches: u64,
     cpu_full: f64,
     cpu_tail: f64,
+    /// Estimates absorbed from other streams: bytes, variance, CPU seconds.
+    extra: (f64, f64, f64),
 }
 
 impl Residual {
     fn new(every: u64, method: Compression) -> Self {
         Residual {
             compressor: Compressor::new(method),
-            buf: Vec::with_capacity(BATCH_BYTES),
+            buf: Vec::new(),
+            cur: 0,
             batches: 0,
             every: every.max(1),
             full: (0, 0),
@@ -272,25 +296,38 @@ impl Residual {
             tail_batches: 0,
             cpu_full: 0.0,
             cpu_tail: 0.0,
+            extra: (0.0, 0.0, 0.0),
         }
     }
 
     fn cpu(&self) -> f64 {
-        self.cpu_full + self.cpu_tail
+        self.cpu_full + self.cpu_tail + self.extra.2
     }
 
-    fn push(&mut self, data: &[u8]) {
-        self.buf.extend_from_slice(data);
-        if self.buf.len() >= BATCH_BYTES {
-            self.flush();
+    /// Whether the current batch will be compressed.
+    fn sampling(&self) -> bool {
+        self.batches < crate::FULL_RESIDUAL_BATCHES || self.tail_batches % self.every == 0
+    }
+
+    fn push(&mut self, mut data: &[u8]) {
+        while !data.is_empty() {
+            let take = data.len().min(BATCH_BYTES - self.cur);
+            if self.sampling() {
+                self.buf.extend_from_slice(&data[..take]);
+            }
+            self.cur += take;
+            data = &data[take..];
+            if self.cur >= BATCH_BYTES {
+                self.flush();
+            }
         }
     }
 
     fn flush(&mut self) {
-        if self.buf.is_empty() {
+        if self.cur == 0 {
             return;
         }
-        let raw = self.buf.len() as u64;
+        let raw = self.cur as u64;
         if self.batches < crate::FULL_RESIDUAL_BATCHES {
             let out = charge(&mut self.cpu_full, || {
                 self.compressor.compress(&self.buf).len() as u64
@@ -310,19 +347,34 @@ impl Residual {
             self.tail_batches += 1;
         }
         self.batches += 1;
+        self.cur = 0;
         self.buf.clear();
+    }
+
+    /// Adds another stream's estimate (an item too large to buffer, compressed on its own).
+    fn absorb(&mut self, est: (u64, f64, f64), rel: f64) {
+        let (bytes, cpu) = (est.0 as f64, est.2);
+        self.extra.0 += bytes;
+        self.extra.1 += (rel * bytes).powi(2);
+        self.extra.2 += cpu;
     }
 
     /// Estimated compressed bytes, its relative standard error, and the CPU seconds that
     /// compressing everything would take.
     fn estimate(&mut self) -> (u64, f64, f64) {
         self.flush();
+        let (xb, xvar, xcpu) = self.extra;
         if self.tail_raw_sampled == 0 {
-            return (self.full.1, 0.0, self.cpu_full);
+            let est = self.full.1 as f64 + xb;
+            return (
+                est.round() as u64,
+                xvar.sqrt() / est.max(1.0),
+                self.cpu_full + xcpu,
+            );
         }
         let scale = self.tail_raw as f64 / self.tail_raw_sampled as f64;
         let tail = self.tail_out_sampled as f64 * scale;
-        let est = self.full.1 as f64 + tail;
+        let est = self.full.1 as f64 + tail + xb;
         let n = self.tail_ratios.len() as f64;
         let tail_se = if n > 1.0 {
             let mean = self.tail_ratios.iter().sum::<f64>() / n;
@@ -342,8 +394,8 @@ impl Residual {
         };
         (
             est.round() as u64,
-            tail_se / est.max(1.0),
-            self.cpu_full + self.cpu_tail * scale,
+            (tail_se.powi(2) + xvar).sqrt() / est.max(1.0),
+            self.cpu_full + self.cpu_tail * scale + xcpu,
         )
     }
 }
@@ -391,6 +443,19 @@ impl ExactScope {
         }
     }
 
+    /// Adds an item too large to buffer: its length and its own compression estimate.
+    fn add_streamed(&mut self, id: u128, len: u64, compressed: (u64, f64, f64)) {
+        self.chunks += 1;
+        if (id as u64) % self.sample == 0 && self.index.insert(id) {
+            self.unique_bytes += len;
+            if self.sample > 1 {
+                *self.contrib.entry(id).or_default() += len as f64;
+            }
+            let rel = compressed.1;
+            self.residual.absorb(compressed, rel);
+        }
+    }
+
     fn insert(&mut self, id: u128, chunk: &[u8]) {
         if self.index.insert(id) {
             self.unique_bytes += chunk.len() as u64;
@@ -414,100 +479,178 @@ impl ExactScope {
     }
 }
 
-struct ExactRunner {
+/// How an exact runner cuts: all its sizes from one pass, or one whole-item chunker.
+enum Cutter {
+    Multi(MultiCut),
+    Whole(Box<WholeItem>),
+}
+
+/// Items buffered whole until they end; larger ones stream (see [`WholeItem`]).
+const WHOLE_BUFFER: usize = if cfg!(test) { 1 << 20 } else { 64 << 20 };
+
+/// Whole-item chunking without holding huge items in memory: an item is buffered up to
+/// [`WHOLE_BUFFER`]; past that it is hashed as it streams and its compression estimated on
+/// its own, to be counted only if the item turns out to be new.
+struct WholeItem {
+    hasher: xxhash_rust::xxh3::Xxh3,
+    len: u64,
+    buf: Vec<u8>,
+    big: Option<Residual>,
+    every: u64,
+    on_top: Compression,
+}
+
+impl WholeItem {
+    fn push(&mut self, data: &[u8], item_end: bool, size: &mut SizeState) {
+        self.hasher.update(data);
+        self.len += data.len() as u64;
+        match &mut self.big {
+            Some(big) => big.push(data),
+            None if self.buf.len() + data.len() > WHOLE_BUFFER => {
+                let mut big = Residual::new(self.every, self.on_top);
+                big.push(&self.buf);
+                big.push(data);
+                self.buf = Vec::new();
+                self.big = Some(big);
+            }
+            None => self.buf.extend_from_slice(data),
+        }
+        if !item_end {
+            return;
+        }
+        let id = self.hasher.digest128();
+        match self.big.take() {
+            Some(mut big) => {
+                let est = big.estimate();
+                size.local.add_streamed(id, self.len, est);
+                if let Some(g) = size.global.as_mut() {
+                    g.add_streamed(id, self.len, est);
+                }
+            }
+            None => {
+                size.local.add(id, &self.buf);
+                if let Some(g) = size.global.as_mut() {
+                    g.add(id, &self.buf);
+                }
+            }
+        }
+        self.hasher.reset();
+        self.len = 0;
+        self.buf.clear();
+    }
+}
+
+/// One chunk size of an exact runner: its scopes and the CPU spent on it alone.
+struct SizeState {
     spec: ChunkerSpec,
-    chunker: PushChunker,
-    opts: RunnerOptions,
-    image: Option<usize>,
     local: ExactScope,
     global: Option<ExactScope>,
     cpu: f64,
+}
+
+/// Exact dedup at one or more chunk sizes of one family, cut in one pass.
+struct ExactRunner {
+    cutter: Cutter,
+    sizes: Vec<SizeState>,
+    opts: RunnerOptions,
+    image: Option<usize>,
+    /// CPU shared by all sizes (the Gear pass), split evenly at the end.
+    shared_cpu: f64,
     input_bytes: u64,
 }
 
 impl ExactRunner {
-    fn new(spec: ChunkerSpec, opts: &RunnerOptions) -> Result<Self, AnalyzeError> {
-        let chunker = spec
-            .build()
-            .map_err(|e| AnalyzeError::Usage(e.to_string()))?;
+    fn new(specs: &[ChunkerSpec], opts: &RunnerOptions) -> Result<Self, AnalyzeError> {
+        let cutter = match specs {
+            [ChunkerSpec::Whole] => Cutter::Whole(Box::new(WholeItem {
+                hasher: xxhash_rust::xxh3::Xxh3::new(),
+                len: 0,
+                buf: Vec::new(),
+                big: None,
+                every: opts.compress_every,
+                on_top: opts.on_top,
+            })),
+            _ => Cutter::Multi(MultiCut::new(specs).map_err(AnalyzeError::Usage)?),
+        };
+        let scope = || ExactScope::new(opts.compress_every, opts.on_top, opts.chunk_sample);
         Ok(ExactRunner {
-            spec,
-            chunker: PushChunker::new(chunker),
+            cutter,
+            sizes: specs
+                .iter()
+                .map(|&spec| SizeState {
+                    spec,
+                    local: scope(),
+                    global: opts.several_images.then(scope),
+                    cpu: 0.0,
+                })
+                .collect(),
             opts: opts.clone(),
             image: None,
-            local: ExactScope::new(opts.compress_every, opts.on_top, opts.chunk_sample),
-            global: opts
-                .several_images
-                .then(|| ExactScope::new(opts.compress_every, opts.on_top, opts.chunk_sample)),
-            cpu: 0.0,
+            shared_cpu: 0.0,
             input_bytes: 0,
         })
     }
+}
 
-    fn chunk_piece(&mut self, data: &[u8], item_end: bool) {
-        let (local, global) = (&mut self.local, &mut self.global);
-        let mut add = |chunk: &[u8]| {
-            let id = fast_id(chunk);
-            local.add(id, chunk);
-            if let Some(g) = global.as_mut() {
-                g.add(id, chunk);
-            }
-        };
-        self.chunker.push(data, item_end, &mut add);
+fn add_chunk(size: &mut SizeState, chunk: &[u8]) {
+    let id = fast_id(chunk);
+    size.local.add(id, chunk);
+    if let Some(g) = size.global.as_mut() {
+        g.add(id, chunk);
     }
+}
 
-    fn scope_result(
-        &self,
-        scope: &mut ExactScope,
-        name: &'static str,
-        cpu: f64,
-        chunk_cost: f64,
-    ) -> Vec<Measured> {
-        let on_top = self.opts.on_top;
-        let (z_sampled, z_rel, z_cpu_sampled) = scope.residual.estimate();
-        let s = scope.sample;
-        let unique = scope.unique_bytes * s;
-        let z_bytes = z_sampled * s;
-        let z_cpu = z_cpu_sampled * s as f64;
-        // Horvitz-Thompson variance of the unique-bytes estimate: Σ x² (1-p)/p² over samples.
-        let contrib_sq: f64 = scope.contrib.values().map(|c| c * c).sum();
-        let sampling_se = (contrib_sq * (s * (s - 1)) as f64).sqrt();
-        let sampling_rel = sampling_se / unique.max(1) as f64;
-        let rel = (z_rel.powi(2) + sampling_rel.powi(2)).sqrt();
-        let refs = scope.chunks * REF_BYTES;
-        let peak = scope.peak_entries.max(scope.index.len()) as u64 * s;
-        let cpu = cpu + scope.unsampled_cpu();
-        let family = match self.spec {
-            ChunkerSpec::Whole => "exact-whole",
-            ChunkerSpec::Fixed { .. } => "exact-fixed",
-            ChunkerSpec::Cdc { .. } => "exact-cdc",
-        };
-        let label = format!("exact-{}", self.spec.label());
-        let params = serde_json::json!({ "chunker": self.spec });
-        let base_cpu = cpu + chunk_cost;
-        vec![
-            Measured {
-                name: label.clone(),
-                family: family.into(),
-                scope: name,
-                params: params.clone(),
-                output_bytes: unique + refs,
-                index_bytes: peak * INDEX_ENTRY_BYTES,
-                cpu_seconds: base_cpu,
-                rel_error: sampling_se / (unique + refs).max(1) as f64,
-            },
-            Measured {
-                name: format!("{label}+{}", short(on_top)),
-                family: format!("{family}+{}", short(on_top)),
-                scope: name,
-                params: serde_json::json!({ "chunker": self.spec, "compression": on_top.to_string() }),
-                output_bytes: z_bytes + refs,
-                index_bytes: peak * INDEX_ENTRY_BYTES,
-                cpu_seconds: base_cpu + z_cpu,
-                rel_error: rel * z_bytes as f64 / (z_bytes + refs).max(1) as f64,
-            },
-        ]
-    }
+fn scope_result(
+    spec: ChunkerSpec,
+    on_top: Compression,
+    scope: &mut ExactScope,
+    name: &'static str,
+    cpu: f64,
+    chunk_cost: f64,
+) -> Vec<Measured> {
+    let (z_sampled, z_rel, z_cpu_sampled) = scope.residual.estimate();
+    let s = scope.sample;
+    let unique = scope.unique_bytes * s;
+    let z_bytes = z_sampled * s;
+    let z_cpu = z_cpu_sampled * s as f64;
+    // Horvitz-Thompson variance of the unique-bytes estimate: Σ x² (1-p)/p² over samples.
+    let contrib_sq: f64 = scope.contrib.values().map(|c| c * c).sum();
+    let sampling_se = (contrib_sq * (s * (s - 1)) as f64).sqrt();
+    let sampling_rel = sampling_se / unique.max(1) as f64;
+    let rel = (z_rel.powi(2) + sampling_rel.powi(2)).sqrt();
+    let refs = scope.chunks * REF_BYTES;
+    let peak = scope.peak_entries.max(scope.index.len()) as u64 * s;
+    let cpu = cpu + scope.unsampled_cpu();
+    let family = match spec {
+        ChunkerSpec::Whole => "exact-whole",
+        ChunkerSpec::Fixed { .. } => "exact-fixed",
+        ChunkerSpec::Cdc { .. } => "exact-cdc",
+    };
+    let label = format!("exact-{}", spec.label());
+    let params = serde_json::json!({ "chunker": spec });
+    let base_cpu = cpu + chunk_cost;
+    vec![
+        Measured {
+            name: label.clone(),
+            family: family.into(),
+            scope: name,
+            params: params.clone(),
+            output_bytes: unique + refs,
+            index_bytes: peak * INDEX_ENTRY_BYTES,
+            cpu_seconds: base_cpu,
+            rel_error: sampling_se / (unique + refs).max(1) as f64,
+        },
+        Measured {
+            name: format!("{label}+{}", short(on_top)),
+            family: format!("{family}+{}", short(on_top)),
+            scope: name,
+            params: serde_json::json!({ "chunker": spec, "compression": on_top.to_string() }),
+            output_bytes: z_bytes + refs,
+            index_bytes: peak * INDEX_ENTRY_BYTES,
+            cpu_seconds: base_cpu + z_cpu,
+            rel_error: rel * z_bytes as f64 / (z_bytes + refs).max(1) as f64,
+        },
+    ]
 }
 
 fn short(c: Compression) -> &'static str {
@@ -520,41 +663,73 @@ fn short(c: Compression) -> &'static str {
 
 impl Runner for ExactRunner {
     fn feed(&mut self, batch: &Batch) {
-        let mut cpu = 0.0;
-        charge(&mut cpu, || {
-            if self.image.is_some_and(|i| i != batch.image) {
-                self.local.reset_index();
+        if self.image.is_some_and(|i| i != batch.image) {
+            for size in &mut self.sizes {
+                size.local.reset_index();
             }
-            self.image = Some(batch.image);
-            self.input_bytes += batch.data.len() as u64;
-            for piece in &batch.pieces {
-                self.chunk_piece(batch.bytes(piece), piece.item_end);
+        }
+        self.image = Some(batch.image);
+        self.input_bytes += batch.data.len() as u64;
+        match &mut self.cutter {
+            Cutter::Whole(whole) => {
+                let size = &mut self.sizes[0];
+                let mut cpu = 0.0;
+                charge(&mut cpu, || {
+                    for piece in &batch.pieces {
+                        whole.push(batch.bytes(piece), piece.item_end, size);
+                    }
+                });
+                size.cpu += cpu;
             }
-        });
-        self.cpu += cpu;
+            Cutter::Multi(mc) => {
+                charge(&mut self.shared_cpu, || mc.scan(batch));
+                for (i, size) in self.sizes.iter_mut().enumerate() {
+                    let mut cpu = 0.0;
+                    charge(&mut cpu, || mc.cut(i, &batch.data, |c| add_chunk(size, c)));
+                    size.cpu += cpu;
+                }
+                charge(&mut self.shared_cpu, || mc.end_batch(&batch.data));
+            }
+        }
     }
 
-    fn finish(mut self: Box<Self>) -> Vec<Measured> {
-        let avg = match self.spec {
-            ChunkerSpec::Whole => 1 << 20,
-            ChunkerSpec::Fixed { size } => size,
-            ChunkerSpec::Cdc { avg, .. } => avg,
-        };
-        let chunk_cost = (self.opts.blake3_s_per_byte)(avg) * self.input_bytes as f64;
-        // Residual batches compressed during `feed` were charged to `self.cpu` too; the
-        // +zstd lines add the (extrapolated) compression cost themselves.
-        let fed_residual_cpu =
-            self.local.residual.cpu() + self.global.as_ref().map_or(0.0, |g| g.residual.cpu());
-        let cpu = (self.cpu - fed_residual_cpu).max(0.0);
-        let mut local =
-            std::mem::replace(&mut self.local, ExactScope::new(1, Compression::None, 1));
-        let mut out = self.scope_result(&mut local, "local", cpu, chunk_cost);
-        match self.global.take() {
-            Some(mut g) => out.extend(self.scope_result(&mut g, "global", cpu, chunk_cost)),
-            None => out.extend(out.clone().into_iter().map(|m| Measured {
-                scope: "global",
-                ..m
-            })),
+    fn finish(self: Box<Self>) -> Vec<Measured> {
+        let shared = self.shared_cpu / self.sizes.len().max(1) as f64;
+        let on_top = self.opts.on_top;
+        let mut out = Vec::new();
+        for mut size in self.sizes {
+            let avg = match size.spec {
+                ChunkerSpec::Whole => 1 << 20,
+                ChunkerSpec::Fixed { size } => size,
+                ChunkerSpec::Cdc { avg, .. } => avg,
+            };
+            let chunk_cost = (self.opts.blake3_s_per_byte)(avg) * self.input_bytes as f64;
+            // Residual batches compressed while cutting were charged to `cpu` too; the +zstd
+            // lines add the (extrapolated) compression cost themselves.
+            let fed_residual_cpu =
+                size.local.residual.cpu() + size.global.as_ref().map_or(0.0, |g| g.residual.cpu());
+            let cpu = (size.cpu + shared - fed_residual_cpu).max(0.0);
+            let local = scope_result(size.spec, on_top, &mut size.local, "local", cpu, chunk_cost);
+            match size.global.as_mut() {
+                Some(g) => {
+                    out.extend(local);
+                    out.extend(scope_result(
+                        size.spec, on_top, g, "global", cpu, chunk_cost,
+                    ));
+                }
+                None => {
+                    let global: Vec<Measured> = local
+                        .iter()
+                        .cloned()
+                        .map(|m| Measured {
+                            scope: "global",
+                            ..m
+                        })
+                        .collect();
+                    out.extend(local);
+                    out.extend(global);
+                }
+            }
         }
         out
     }
@@ -707,5 +882,82 @@ impl Runner for SimilarityRunner {
             });
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::input::test_batches;
+
+    fn noise(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    fn opts() -> RunnerOptions {
+        RunnerOptions {
+            on_top: Compression::Zstd(3),
+            compress_every: 1,
+            several_images: false,
+            window_bytes: 1 << 30,
+            chunk_sample: 1,
+            blake3_s_per_byte: |_| 0.0,
+        }
+    }
+
+    fn run(spec: ChunkerSpec, items: &[Vec<u8>]) -> Vec<Measured> {
+        let mut runner = ExactRunner::new(&[spec], &opts()).unwrap();
+        for batch in test_batches(items, 1 << 20) {
+            runner.feed(&batch);
+        }
+        Box::new(runner).finish()
+    }
+
+    #[test]
+    fn whole_items_larger_than_the_buffer_stream_and_still_dedup() {
+        let (a, b) = (noise(3 << 20, 1), noise(3 << 20, 2));
+        let text: Vec<u8> = b"a compressible line of text\n"
+            .repeat(100_000)
+            .into_iter()
+            .collect();
+        let items = [a.clone(), text.clone(), a, b, text];
+        let m = run(ChunkerSpec::Whole, &items);
+        let plain = &m[0];
+        let zstd = &m[1];
+        assert_eq!(plain.scope, "local");
+        assert_eq!(plain.output_bytes, (6 << 20) + 2_800_000 + 5 * REF_BYTES);
+        assert!(
+            zstd.output_bytes > 6 << 20 && zstd.output_bytes < (6 << 20) + 200_000,
+            "{}",
+            zstd.output_bytes
+        );
+    }
+
+    #[test]
+    fn multi_size_runner_reports_each_size_in_both_scopes() {
+        let data = noise(4 << 20, 3);
+        let items = [data.clone(), data];
+        let mut runner = ExactRunner::new(
+            &[ChunkerSpec::cdc(4096), ChunkerSpec::Fixed { size: 8192 }],
+            &opts(),
+        )
+        .unwrap();
+        for batch in test_batches(&items, 1 << 20) {
+            runner.feed(&batch);
+        }
+        let m = Box::new(runner).finish();
+        assert_eq!(m.len(), 8);
+        for line in m.iter().filter(|l| !l.name.ends_with("zstd")) {
+            let ratio = (8 << 20) as f64 / line.output_bytes as f64;
+            assert!(ratio > 1.95 && ratio < 2.0, "{}: {ratio}", line.name);
+        }
     }
 }

@@ -109,7 +109,7 @@ pub(crate) fn build(
     }
     if compress_every > 1 {
         notes.push(format!(
-            "compression on top of exact dedup: the first {} MiB of each residual stream were compressed, then 1 batch in {compress_every}, extrapolated; rel_error is the relative standard error of that estimate", crate::FULL_RESIDUAL_BATCHES * 4
+            "compression (alone and on top of exact dedup): the first {} MiB of each compressed stream were compressed, then 1 batch of 4 MiB in {compress_every}, extrapolated; rel_error is the relative standard error of that estimate", crate::FULL_RESIDUAL_BATCHES * 4
         ));
     }
     Report {

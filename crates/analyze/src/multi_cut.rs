@@ -1,0 +1,329 @@
+//! Many chunkings of one stream from one pass: every CDC size from a single Gear hash, and
+//! fixed sizes, cut batch by batch with chunks that may span batches.
+//!
+//! Running one FastCDC chunker per size rolls the Gear hash over every byte once per size.
+//! Here the hash is rolled once per item and every position is given a **level**: how many of
+//! the hash bits 60, 59, 58, … are zero. Masks are nested (the mask of `b` bits is the top `b`
+//! of those), so "the `b`-bit mask matches here" is "level ≥ `b`", and positions whose level
+//! reaches the loosest mask of any size are kept as candidates. Each size then replays
+//! normalized chunking (FastCDC-2020, level 2) over the candidates alone: after `min`, the first
+//! candidate with level ≥ log2(avg) + 2 before `avg`, else ≥ log2(avg) − 2 up to `max`.
+//!
+//! The cuts follow the same rule and statistics as the engine's chunker but not the same
+//! positions (the engine spreads its mask bits and restarts its hash at each chunk's `min`):
+//! analysis measures how well a chunk size deduplicates, which does not depend on that.
+
+use dedupwire_engine::chunk::{ChunkerSpec, FastCdc};
+
+use crate::input::Batch;
+
+/// How one size cuts.
+#[derive(Debug, Clone, Copy)]
+enum Cut {
+    Fixed(u64),
+    Cdc {
+        min: u64,
+        avg: u64,
+        max: u64,
+        bits_s: u32,
+        bits_l: u32,
+    },
+}
+
+/// Highest hash bit of the nested masks (the engine's masks stay below bit 61 too).
+const TOP_BIT: u32 = 60;
+
+/// The level of a Gear hash: zero bits from bit [`TOP_BIT`] down.
+#[inline(always)]
+fn level(h: u64) -> u32 {
+    (h << (63 - TOP_BIT)).leading_zeros()
+}
+
+/// Cuts a stream of batches with several chunkers at once.
+pub struct MultiCut {
+    cuts: Vec<Cut>,
+    /// Candidates need at least this level (the loosest CDC mask); `None` without CDC sizes.
+    min_level: Option<u32>,
+    /// Gear hash of the current item so far.
+    hash: u64,
+    /// Stream position of the next byte to scan.
+    scanned: u64,
+    /// Stream position where the current batch starts.
+    batch_base: u64,
+    /// Bytes before `batch_base` that a pending chunk still needs, from `carry_base` on.
+    carry: Vec<u8>,
+    carry_base: u64,
+    /// Candidate cut positions (ends, exclusive) with their level, `end << 8 | level`, sorted.
+    cands: Vec<u64>,
+    /// Item ends (exclusive stream positions), sorted: forced cuts.
+    ends: Vec<u64>,
+    /// Per size: where its pending chunk starts.
+    starts: Vec<u64>,
+    /// Scratch for chunks that span the carry and the batch.
+    joined: Vec<u8>,
+}
+
+impl MultiCut {
+    /// A cutter for `specs` (fixed and CDC; whole-item chunking is not supported here).
+    pub fn new(specs: &[ChunkerSpec]) -> Result<MultiCut, String> {
+        let cuts = specs
+            .iter()
+            .map(|s| match *s {
+                ChunkerSpec::Fixed { size } if size > 0 => Ok(Cut::Fixed(size as u64)),
+                ChunkerSpec::Cdc { min, avg, max } => {
+                    FastCdc::new(min, avg, max).map_err(|e| e.to_string())?;
+                    let bits = avg.trailing_zeros();
+                    Ok(Cut::Cdc {
+                        min: min as u64,
+                        avg: avg as u64,
+                        max: max as u64,
+                        bits_s: bits + 2,
+                        bits_l: bits.saturating_sub(2).max(1),
+                    })
+                }
+                other => Err(format!("{} cannot be cut by MultiCut", other.label())),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let min_level = cuts
+            .iter()
+            .filter_map(|c| match c {
+                Cut::Cdc { bits_l, .. } => Some(*bits_l),
+                Cut::Fixed(_) => None,
+            })
+            .min();
+        Ok(MultiCut {
+            starts: vec![0; cuts.len()],
+            cuts,
+            min_level,
+            hash: 0,
+            scanned: 0,
+            batch_base: 0,
+            carry: Vec::new(),
+            carry_base: 0,
+            cands: Vec::new(),
+            ends: Vec::new(),
+            joined: Vec::new(),
+        })
+    }
+
+    /// Scans the next batch: records its candidate cuts and item ends. Call [`cut`] for every
+    /// size and then [`end_batch`] before the next one.
+    ///
+    /// [`cut`]: MultiCut::cut
+    /// [`end_batch`]: MultiCut::end_batch
+    pub fn scan(&mut self, batch: &Batch) {
+        self.batch_base = self.scanned;
+        for piece in &batch.pieces {
+            let bytes = batch.bytes(piece);
+            if let Some(min_level) = self.min_level {
+                self.hash = scan_gear(bytes, self.hash, self.scanned, min_level, &mut self.cands);
+            }
+            self.scanned += bytes.len() as u64;
+            if piece.item_end {
+                self.ends.push(self.scanned);
+                self.hash = 0;
+            }
+        }
+    }
+
+    /// Emits every chunk of size `i` that the data scanned so far decides.
+    pub fn cut(&mut self, i: usize, data: &[u8], mut f: impl FnMut(&[u8])) {
+        let cut = self.cuts[i];
+        let mut start = self.starts[i];
+        let mut ci = self.cands.partition_point(|&c| (c >> 8) <= start);
+        let mut ei = self.ends.partition_point(|&e| e <= start);
+        loop {
+            let item_end = self.ends.get(ei).copied();
+            let end = match cut {
+                Cut::Fixed(size) => start + size,
+                Cut::Cdc {
+                    min,
+                    avg,
+                    max,
+                    bits_s,
+                    bits_l,
+                } => {
+                    let mut found = None;
+                    while let Some(&c) = self.cands.get(ci) {
+                        let (e, lv) = (c >> 8, (c & 0xff) as u32);
+                        if e > start + max {
+                            break;
+                        }
+                        if e - start >= min && lv >= if e - start < avg { bits_s } else { bits_l } {
+                            found = Some(e);
+                            break;
+                        }
+                        ci += 1;
+                    }
+                    found.unwrap_or(start + max)
+                }
+            };
+            let end = item_end.map_or(end, |ie| end.min(ie));
+            if end > self.scanned {
+                break;
+            }
+            if end > start {
+                f(self.bytes(data, start, end));
+            }
+            if item_end == Some(end) {
+                ei += 1;
+            }
+            start = end;
+            while self.cands.get(ci).is_some_and(|&c| (c >> 8) <= start) {
+                ci += 1;
+            }
+        }
+        self.starts[i] = start;
+    }
+
+    fn bytes<'a>(&'a mut self, data: &'a [u8], start: u64, end: u64) -> &'a [u8] {
+        let base = self.batch_base;
+        if start >= base {
+            &data[(start - base) as usize..(end - base) as usize]
+        } else {
+            self.joined.clear();
+            self.joined
+                .extend_from_slice(&self.carry[(start - self.carry_base) as usize..]);
+            self.joined
+                .extend_from_slice(&data[..(end.max(base) - base) as usize]);
+            &self.joined
+        }
+    }
+
+    /// Keeps what pending chunks need from `data` (the batch just cut) and forgets the rest.
+    pub fn end_batch(&mut self, data: &[u8]) {
+        let keep_from = self.starts.iter().copied().min().unwrap_or(self.scanned);
+        if keep_from >= self.batch_base {
+            self.carry.clear();
+            self.carry
+                .extend_from_slice(&data[(keep_from - self.batch_base) as usize..]);
+        } else {
+            let drop = (keep_from - self.carry_base) as usize;
+            self.carry.drain(..drop);
+            self.carry.extend_from_slice(data);
+        }
+        self.carry_base = keep_from;
+        let c = self.cands.partition_point(|&c| (c >> 8) <= keep_from);
+        self.cands.drain(..c);
+        let e = self.ends.partition_point(|&e| e <= keep_from);
+        self.ends.drain(..e);
+    }
+}
+
+/// Rolls the Gear hash over `bytes` (stream position `at` onward) from `hash`, recording the
+/// cut after each byte whose level is at least `min_level`; returns the hash after the last.
+fn scan_gear(bytes: &[u8], mut hash: u64, at: u64, min_level: u32, out: &mut Vec<u64>) -> u64 {
+    let gear = FastCdc::gear_table();
+    let limit = 1u64 << (64 - min_level);
+    let mut quads = bytes.chunks_exact(4);
+    let mut pos = at;
+    for q in &mut quads {
+        let h1 = (hash << 1).wrapping_add(gear[q[0] as usize]);
+        let h2 = (h1 << 1).wrapping_add(gear[q[1] as usize]);
+        let h3 = (h2 << 1).wrapping_add(gear[q[2] as usize]);
+        let h4 = (h3 << 1).wrapping_add(gear[q[3] as usize]);
+        let shift = 63 - TOP_BIT;
+        if ((h1 << shift) < limit)
+            | ((h2 << shift) < limit)
+            | ((h3 << shift) < limit)
+            | ((h4 << shift) < limit)
+        {
+            for (k, h) in [h1, h2, h3, h4].into_iter().enumerate() {
+                if (h << shift) < limit {
+                    out.push((pos + k as u64 + 1) << 8 | level(h).min(255) as u64);
+                }
+            }
+        }
+        hash = h4;
+        pos += 4;
+    }
+    for &b in quads.remainder() {
+        hash = (hash << 1).wrapping_add(gear[b as usize]);
+        pos += 1;
+        if (hash << (63 - TOP_BIT)) < limit {
+            out.push(pos << 8 | level(hash).min(255) as u64);
+        }
+    }
+    hash
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::input::test_batches as batches;
+
+    fn data(n: usize, seed: u32) -> Vec<u8> {
+        (0..n as u32)
+            .map(|i| ((i ^ seed).wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect()
+    }
+
+    fn cut_all(specs: &[ChunkerSpec], items: &[Vec<u8>], batch: usize) -> Vec<Vec<Vec<u8>>> {
+        let mut mc = MultiCut::new(specs).unwrap();
+        let mut out = vec![Vec::new(); specs.len()];
+        for b in batches(items, batch) {
+            mc.scan(&b);
+            for (i, o) in out.iter_mut().enumerate() {
+                mc.cut(i, &b.data, |c| o.push(c.to_vec()));
+            }
+            mc.end_batch(&b.data);
+        }
+        out
+    }
+
+    #[test]
+    fn chunks_reassemble_items_and_do_not_depend_on_batching() {
+        let items = vec![data(300_000, 1), Vec::new(), data(5, 2), data(1_000_000, 3)];
+        let specs = [
+            ChunkerSpec::cdc(1024),
+            ChunkerSpec::cdc(16 << 10),
+            ChunkerSpec::Fixed { size: 4096 },
+        ];
+        let reference = cut_all(&specs, &items, 1 << 30);
+        for batch in [1000, 65_536, 333_333] {
+            assert_eq!(cut_all(&specs, &items, batch), reference, "batch {batch}");
+        }
+        let all: Vec<u8> = items.concat();
+        for (i, chunks) in reference.iter().enumerate() {
+            assert_eq!(chunks.concat(), all, "size {i}");
+        }
+    }
+
+    #[test]
+    fn sizes_respect_bounds_and_average() {
+        let items = vec![data(8 << 20, 9)];
+        for avg in [1024usize, 8192, 65_536] {
+            let chunks = &cut_all(&[ChunkerSpec::cdc(avg)], &items, 4 << 20)[0];
+            let (last, body) = chunks.split_last().unwrap();
+            assert!(last.len() <= avg * 4);
+            for c in body {
+                assert!(c.len() >= avg / 4 && c.len() <= avg * 4, "{}", c.len());
+            }
+            let mean = (8 << 20) as f64 / chunks.len() as f64;
+            assert!(
+                mean > avg as f64 * 0.7 && mean < avg as f64 * 1.5,
+                "avg {avg}: mean {mean}"
+            );
+        }
+    }
+
+    #[test]
+    fn cuts_are_content_defined() {
+        let base = data(2 << 20, 5);
+        let mut shifted = data(777, 6);
+        shifted.extend_from_slice(&base);
+        let a = &cut_all(&[ChunkerSpec::cdc(4096)], &[base], 1 << 20)[0];
+        let b = &cut_all(&[ChunkerSpec::cdc(4096)], &[shifted], 1 << 20)[0];
+        let set: std::collections::HashSet<_> = a.iter().collect();
+        let shared = b.iter().filter(|c| set.contains(c)).count();
+        assert!(shared * 10 > a.len() * 9, "{shared} of {}", a.len());
+    }
+
+    #[test]
+    fn fixed_restarts_at_each_item() {
+        let items = vec![data(5000, 1), data(5000, 2)];
+        let chunks = &cut_all(&[ChunkerSpec::Fixed { size: 4096 }], &items, 3000)[0];
+        let lens: Vec<usize> = chunks.iter().map(Vec::len).collect();
+        assert_eq!(lens, [4096, 904, 4096, 904]);
+    }
+}
