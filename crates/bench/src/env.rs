@@ -6,7 +6,9 @@
 //! Chunks are pseudo-random (incompressible) with BLAKE3 ids computed before the clock starts.
 //! The store lives in a fresh directory under `--dir` per run; gets and the reopen mostly hit
 //! the OS page cache (the data was just written), so they measure the store's own cost, not
-//! the disk's. Each figure is the median of `--runs` runs.
+//! the disk's. Each figure is the median of `--runs` runs, by the wall clock and per second of
+//! the thread's CPU time (which keeps other processes on a shared machine out of it; for put it
+//! leaves out waiting for the disk).
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -15,6 +17,8 @@ use std::time::Instant;
 use anyhow::{ensure, Context, Result};
 use dedupwire_wire::{ChunkId, ChunkStore, EnvConfig, Environment};
 use serde_json::json;
+
+use crate::chunking::thread_cpu_secs;
 
 /// Options of the environment benchmark.
 #[derive(clap::Args)]
@@ -36,11 +40,38 @@ pub struct Args {
     json: Option<PathBuf>,
 }
 
+/// Wall and thread-CPU seconds of one phase.
+#[derive(Clone, Copy)]
+struct Secs {
+    wall: f64,
+    cpu: f64,
+}
+
+struct Timer(Instant, Option<f64>);
+
+impl Timer {
+    fn start() -> Timer {
+        Timer(Instant::now(), thread_cpu_secs())
+    }
+
+    fn stop(self) -> Secs {
+        let wall = self.0.elapsed().as_secs_f64();
+        let cpu = match (self.1, thread_cpu_secs()) {
+            (Some(a), Some(b)) => b - a,
+            _ => wall,
+        };
+        Secs { wall, cpu }
+    }
+}
+
+/// One measured phase: its name, which timing of a run it reads, how much it did, the unit.
+type Phase = (&'static str, fn(&Run) -> Secs, f64, &'static str);
+
 struct Run {
-    put: f64,
-    reopen: f64,
-    get: f64,
-    lookup: f64,
+    put: Secs,
+    reopen: Secs,
+    get: Secs,
+    lookup: Secs,
     index_bytes: u64,
     chunks: u64,
 }
@@ -77,29 +108,29 @@ fn one_run(args: &Args, set: &[(ChunkId, Vec<u8>)]) -> Result<Run> {
     };
 
     let env = Environment::open(&dir, config.clone())?;
-    let t = Instant::now();
+    let t = Timer::start();
     for (id, data) in set {
         env.put(id, data)?;
     }
     env.sync()?;
-    let put = t.elapsed().as_secs_f64();
+    let put = t.stop();
     drop(env);
 
-    let t = Instant::now();
+    let t = Timer::start();
     let env = Environment::open(&dir, config)?;
-    let reopen = t.elapsed().as_secs_f64();
+    let reopen = t.stop();
     let stats = env.stats();
     ensure!(
         stats.chunks == set.len() as u64,
         "the reopened store lost chunks"
     );
 
-    let t = Instant::now();
+    let t = Timer::start();
     let mut got = 0usize;
     for (id, _) in set {
         got += env.get(id)?.map_or(0, |d| black_box(d).len());
     }
-    let get = t.elapsed().as_secs_f64();
+    let get = t.stop();
     ensure!(got == bytes, "gets returned {got} of {bytes} bytes");
 
     let ids: Vec<ChunkId> = set
@@ -110,12 +141,12 @@ fn one_run(args: &Args, set: &[(ChunkId, Vec<u8>)]) -> Result<Run> {
             [*id, ChunkId(miss)]
         })
         .collect();
-    let t = Instant::now();
+    let t = Timer::start();
     let mut hits = 0usize;
     for batch in ids.chunks(1024) {
         hits += env.contains_many(batch)?.iter().filter(|&&h| h).count();
     }
-    let lookup = t.elapsed().as_secs_f64();
+    let lookup = t.stop();
     ensure!(
         hits == set.len(),
         "lookups found {hits} of {} chunks",
@@ -149,26 +180,40 @@ pub fn run(args: &Args) -> Result<()> {
         .map(|_| one_run(args, &set))
         .collect::<Result<_>>()?;
     let mb = bytes as f64 / 1e6;
-    let pick = |f: fn(&Run) -> f64| median(runs.iter().map(f).collect());
-    let put = mb / pick(|r| r.put);
-    let reopen = mb / pick(|r| r.reopen);
-    let get = mb / pick(|r| r.get);
-    let lookups = 2.0 * set.len() as f64 / pick(|r| r.lookup);
+    let lookups = 2.0 * set.len() as f64;
     let per_chunk = runs[0].index_bytes as f64 / runs[0].chunks.max(1) as f64;
+    let phases: [Phase; 4] = [
+        ("put + sync", |r| r.put, mb, "MB/s"),
+        ("reopen (verify scan)", |r| r.reopen, mb, "MB/s"),
+        ("get", |r| r.get, mb, "MB/s"),
+        (
+            "contains_many (half miss)",
+            |r| r.lookup,
+            lookups / 1e6,
+            "M lookups/s",
+        ),
+    ];
     println!(
         "environment: {} chunks of {} KiB ({mb:.0} MB), median of {} runs",
         set.len(),
         args.chunk_kib,
         args.runs
     );
-    println!("  put + sync           {put:>10.0} MB/s");
-    println!("  reopen (verify scan) {reopen:>10.0} MB/s");
-    println!("  get                  {get:>10.0} MB/s");
-    println!(
-        "  contains_many        {:>10.2} M lookups/s (half misses)",
-        lookups / 1e6
-    );
-    println!("  index                {per_chunk:>10.1} bytes of RAM per chunk");
+    println!("  {:<26} {:>10} {:>12}  unit", "phase", "wall", "per CPU s");
+    let mut results = Vec::new();
+    for (name, phase, amount, unit) in phases {
+        let wall = amount / median(runs.iter().map(|r| phase(r).wall).collect());
+        let cpu = amount / median(runs.iter().map(|r| phase(r).cpu).collect());
+        println!("  {name:<26} {wall:>10.2} {cpu:>12.2}  {unit}");
+        results.push(json!({
+            "phase": name,
+            "unit": unit,
+            "wall": wall,
+            "per_cpu_s": cpu,
+            "runs": runs.iter().map(|r| json!({"wall_s": phase(r).wall, "cpu_s": phase(r).cpu})).collect::<Vec<_>>(),
+        }));
+    }
+    println!("  index: {per_chunk:.1} bytes of RAM per chunk");
     if let Some(path) = &args.json {
         let doc = json!({
             "benchmark": "env",
@@ -176,12 +221,8 @@ pub fn run(args: &Args) -> Result<()> {
             "chunk_bytes": args.chunk_kib * 1024,
             "bytes": bytes,
             "runs": args.runs,
-            "put_mb_per_s": put,
-            "reopen_mb_per_s": reopen,
-            "get_mb_per_s": get,
-            "lookups_per_s": lookups,
             "index_bytes_per_chunk": per_chunk,
-            "runs_s": runs.iter().map(|r| json!({"put": r.put, "reopen": r.reopen, "get": r.get, "lookup": r.lookup})).collect::<Vec<_>>(),
+            "results": results,
         });
         std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
             .with_context(|| path.display().to_string())?;
