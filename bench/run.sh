@@ -2,11 +2,11 @@
 # Every benchmark, ours and the peers side by side in one run; tables on stdout, JSON in
 # target/bench-results/. The machine is shared and noisy: each figure is a median of runs.
 #   bench/run.sh                 all benchmarks
-#   bench/run.sh chunking delta  some of them (chunking, delta, reduction, analyze, replicate)
+#   bench/run.sh chunking delta  some of them (chunking, delta, reduction, analyze, replicate, env)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=("$@")
-[ ${#which[@]} -gt 0 ] || which=(chunking delta reduction analyze replicate)
+[ ${#which[@]} -gt 0 ] || which=(chunking delta reduction analyze replicate env)
 command -v xdelta3 >/dev/null || { apt-get update -qq && apt-get install -y -qq xdelta3 >/dev/null; }
 data=$(bash bench/fetch-data.sh | tail -n 1)
 cargo build --release -q -p dedupwire-bench -p dedupwire-cli
@@ -19,6 +19,9 @@ for b in "${which[@]}"; do
     chunking) "$bench" chunking --json "$out/chunking.json" ;;
     delta) "$bench" delta --data "$data" --json "$out/delta.json" ;;
     reduction) "$bench" reduction --pkgs "$data/pkgs" --json "$out/reduction.json" ;;
+    # The channel's Environment (persistent chunk store): 256 MiB of 8 KiB chunks put, reopened
+    # (verifying scan), read back and looked up, in a fresh directory under target/.
+    env) "$bench" env --mib 256 --chunk-kib 8 --json "$out/env.json" ;;
     # Live PostgreSQL replication (needs postgresql-15 + postgresql-15-wal2json): dedupwire vs
     # PostgreSQL's own logical replication, bytes on the wire, on the shared document streams.
     replicate) "$bench" replicate --docs ../shared/data --json "$out/replicate.json" ;;

@@ -324,8 +324,9 @@ impl Clock {
     }
 }
 
+/// CPU seconds the calling thread has used (None where the platform cannot tell).
 #[cfg(unix)]
-fn thread_cpu_secs() -> Option<f64> {
+pub(crate) fn thread_cpu_secs() -> Option<f64> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -335,8 +336,9 @@ fn thread_cpu_secs() -> Option<f64> {
     (rc == 0).then_some(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
 }
 
+/// CPU seconds the calling thread has used (None where the platform cannot tell).
 #[cfg(not(unix))]
-fn thread_cpu_secs() -> Option<f64> {
+pub(crate) fn thread_cpu_secs() -> Option<f64> {
     None
 }
 

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod chunking;
 mod delta;
+mod env;
 mod reduction;
 mod replicate;
 
@@ -22,6 +23,8 @@ enum Cmd {
     Chunking(chunking::Args),
     /// Delta encode/decode speed and size (ours vs zstd-ref vs xdelta3 -9 vs zstd --patch-from).
     Delta(delta::Args),
+    /// The channel's persistent chunk store: put, reopen, get and lookup speed, index RAM.
+    Env(env::Args),
     /// Reduction on document streams and package releases (zstd, exact CDC, similarity+delta, oracle).
     Reduction(reduction::Args),
     /// Live PostgreSQL replication: dedupwire vs PostgreSQL logical replication, bytes on the wire.
@@ -32,6 +35,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
         Cmd::Chunking(a) => chunking::run(&a),
         Cmd::Delta(a) => delta::run(&a),
+        Cmd::Env(a) => env::run(&a),
         Cmd::Reduction(a) => reduction::run(&a),
         Cmd::Replicate(a) => replicate::run(&a),
     }

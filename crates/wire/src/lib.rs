@@ -27,11 +27,13 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod env;
 mod error;
 pub mod frame;
 mod handshake;
 pub mod store;
 
+pub use env::{EnvConfig, EnvStats, Environment};
 pub use error::{Error, Result};
 pub use frame::{
     encode_frame, Frame, FrameConfig, FrameHead, FrameReader, FrameType, FrameWriter, Framed,

@@ -1,0 +1,726 @@
+//! The `Environment`: the persistent [`ChunkStore`] of the dedup channel, one directory on disk
+//! shared by every stream of a process (TurboSockets §III-B: "an Environment provides all its
+//! TurboSocket members with access to the same chunk database").
+//!
+//! # Layout
+//!
+//! The directory holds append-only **segment files** (`0000002a.seg`, numbered in creation
+//! order, at most [`EnvConfig::segment_bytes`] each) and a `LOCK` file. A segment is a
+//! versioned header and then records `[id][len][xxh3 of data][header checksum][data]`; the
+//! header checksum is seeded with the record's segment and offset, so a record is valid only
+//! where it was written (a segment stored as a chunk's data, or bytes shifted by damage, never
+//! verify). The byte layout is in `crates/wire/FORMAT.md`.
+//!
+//! In memory, a hash map from the 32-byte chunk id to (segment, offset, length): 44 bytes per
+//! entry plus a control byte and the table's slack ([`EnvStats::index_bytes`]), 45–90 bytes per
+//! chunk (about 11 MB per GB of 8 KiB chunks at worst). Nothing else is cached: a `get` is one
+//! positional read, and the OS page cache does the rest.
+//!
+//! # Why no checkpoint of the index
+//!
+//! The index is rebuilt at open by reading every segment and verifying every record. That is
+//! the only way to also find damaged records at open (a checkpoint would skip them until a
+//! `get`), it leaves one source of truth, and it costs a sequential read of the store (about
+//! 2.5 GB per CPU-second from the page cache in `dedupwire-bench env`), holding one segment in
+//! memory at a time. A checkpoint can be added later without a format change:
+//! the segments stay the truth.
+//!
+//! # Recovery: never trust a half-state
+//!
+//! - A **torn tail** (a crash or a full disk in the middle of an append) is invalid bytes with
+//!   no valid record after them: open cuts the segment back to its last valid record.
+//! - A **damaged record** with valid records after it is skipped and counted
+//!   ([`EnvStats::skipped_records`], [`EnvStats::skipped_bytes`]); a chunk store may lose
+//!   chunks, the channel asks for them again.
+//! - A record found damaged by `get` is dropped from the index and reported as
+//!   [`StoreError::Corrupt`], never returned as wrong bytes.
+//! - A **damaged segment header** is an error naming the file (the store cannot know what the
+//!   file is), an unknown format version is `Refused`; a newest segment shorter than a header
+//!   is a torn creation and is removed.
+//! - A write that fails (a full disk: `ENOSPC`) cuts the segment back to where the record
+//!   started and returns [`StoreError::Io`] saying so; if even that fails, the next put starts
+//!   a new segment and the stray bytes are a torn tail at the next open.
+//!
+//! Each segment but the newest is fsynced when the next one is started, and the directory is
+//! fsynced when a segment is created or removed; [`ChunkStore::sync`] fsyncs the newest.
+//!
+//! # Eviction: FIFO by segment, with a second chance
+//!
+//! When the segments add up to more than [`EnvConfig::max_bytes`], the oldest segment is
+//! deleted whole. Before that, each of its chunks that was looked up (`contains` or `get`)
+//! since it was written is copied to the newest segment (CLOCK's second chance: one bit per
+//! chunk, cleared by the copy), so chunks that keep being used survive, and a chunk nobody
+//! asked for leaves with its segment. Finding a segment's chunks is one pass over the index
+//! per evicted segment (a few milliseconds per million chunks), which costs no memory per
+//! chunk. [`EnvConfig::second_chance`] turns the copying off (pure FIFO).
+//!
+//! # Concurrency
+//!
+//! Lookups take a shared lock on the index only, and read records after releasing it; puts
+//! are serialized by a writer lock and take the index lock exclusively only to publish a
+//! written record. A segment evicted while a `get` reads it stays readable through the open
+//! file. Another process (or another `Environment::open` of the same directory in this
+//! process) is refused by an exclusive lock on `LOCK`.
+//!
+//! ```
+//! use dedupwire_wire::{ChunkId, ChunkStore, EnvConfig, Environment};
+//! # let dir = tempfile::tempdir().unwrap();
+//! let env = Environment::open(dir.path(), EnvConfig::default())?;
+//! let id = ChunkId([7; 32]);
+//! env.put(&id, b"chunk bytes")?;
+//! env.sync()?;
+//! assert_eq!(env.get(&id)?.as_deref(), Some(&b"chunk bytes"[..]));
+//! assert_eq!(env.stats().chunks, 1);
+//! # Ok::<(), dedupwire_wire::StoreError>(())
+//! ```
+
+mod index;
+mod lock;
+mod segment;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::store::{ChunkId, ChunkStore, StoreError};
+use index::{Index, Loc};
+use segment::{HEADER_LEN, MAX_SEGMENT_BYTES, RECORD_HEAD};
+
+/// How an [`Environment`] sizes its files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvConfig {
+    /// Bound on the bytes of all segment files; past it the oldest segments are evicted.
+    /// At least twice `segment_bytes`.
+    pub max_bytes: u64,
+    /// Size at which a segment is closed and a new one started (the unit of eviction); also
+    /// bounds the largest chunk. Between 4 KiB and 1 GiB.
+    pub segment_bytes: u64,
+    /// Copy chunks looked up since they were written out of a segment before evicting it
+    /// (second chance), instead of evicting strictly oldest first.
+    pub second_chance: bool,
+}
+
+impl Default for EnvConfig {
+    fn default() -> EnvConfig {
+        EnvConfig {
+            max_bytes: 4 << 30,
+            segment_bytes: 64 << 20,
+            second_chance: true,
+        }
+    }
+}
+
+impl EnvConfig {
+    /// The largest chunk a segment of this size can hold.
+    pub fn max_chunk_bytes(&self) -> u64 {
+        self.segment_bytes
+            .saturating_sub(HEADER_LEN + RECORD_HEAD as u64)
+    }
+
+    fn validate(&self) -> Result<(), StoreError> {
+        if !(4096..=MAX_SEGMENT_BYTES).contains(&self.segment_bytes) {
+            return Err(StoreError::Refused(format!(
+                "segment_bytes {} is outside 4 KiB ..= 1 GiB",
+                self.segment_bytes
+            )));
+        }
+        if self.max_bytes / 2 < self.segment_bytes {
+            return Err(StoreError::Refused(format!(
+                "max_bytes {} must hold at least two segments of {} bytes",
+                self.max_bytes, self.segment_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What an [`Environment`] holds and has done since it was opened, for monitoring and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EnvStats {
+    /// Chunks held.
+    pub chunks: u64,
+    /// Data bytes of the chunks held.
+    pub chunk_bytes: u64,
+    /// Bytes of all segment files (headers, records, and records no longer indexed).
+    pub bytes: u64,
+    /// Segment files.
+    pub segments: u64,
+    /// Segments evicted to stay within `max_bytes`.
+    pub evictions: u64,
+    /// Chunks that left with evicted segments.
+    pub evicted_chunks: u64,
+    /// Chunks copied out of an evicted segment because they had been used (second chance).
+    pub rescued_chunks: u64,
+    /// Lookups (`contains`, `get`) that found the chunk.
+    pub hits: u64,
+    /// Lookups that did not.
+    pub misses: u64,
+    /// Estimated RAM of the in-memory index.
+    pub index_bytes: u64,
+    /// Records found damaged by `get` and dropped.
+    pub corrupt_dropped: u64,
+    /// Bytes of torn tails cut off at open (and torn segment files removed).
+    pub torn_bytes: u64,
+    /// Damaged stretches skipped at open (each at least one record).
+    pub skipped_records: u64,
+    /// Bytes of those stretches.
+    pub skipped_bytes: u64,
+}
+
+/// One segment file, open for reading (and, for the newest, appending).
+#[derive(Debug)]
+struct Segment {
+    no: u32,
+    path: PathBuf,
+    file: File,
+}
+
+#[derive(Debug)]
+struct SegEntry {
+    seg: Arc<Segment>,
+    bytes: u64,
+}
+
+/// What lookups share: the index and the segment table.
+#[derive(Debug, Default)]
+struct State {
+    index: Index,
+    segments: BTreeMap<u32, SegEntry>,
+    bytes: u64,
+}
+
+/// The appending side, one at a time.
+#[derive(Debug)]
+struct Writer {
+    active: Arc<Segment>,
+    len: u64,
+    /// A failed write could not be cut back: start a new segment before the next record.
+    broken: bool,
+    buf: Vec<u8>,
+    /// Test hook: writes fail with "no space" after this many more bytes.
+    #[cfg(test)]
+    space_left: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    evictions: AtomicU64,
+    evicted_chunks: AtomicU64,
+    rescued_chunks: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    corrupt_dropped: AtomicU64,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Recovery {
+    torn_bytes: u64,
+    skipped_records: u64,
+    skipped_bytes: u64,
+}
+
+/// A persistent, size-bounded chunk store in a directory, shared by many streams and threads
+/// (use it as `Arc<Environment>`); see the [module documentation](self) for its design.
+#[derive(Debug)]
+pub struct Environment {
+    dir: PathBuf,
+    config: EnvConfig,
+    writer: Mutex<Writer>,
+    state: RwLock<State>,
+    counters: Counters,
+    recovery: Recovery,
+    _lock: lock::DirLock,
+}
+
+fn io_context(e: io::Error, what: impl std::fmt::Display) -> StoreError {
+    StoreError::Io(io::Error::new(e.kind(), format!("{what}: {e}")))
+}
+
+impl Environment {
+    /// Opens (creating if needed) the environment in `dir`: takes its lock, verifies every
+    /// segment, cuts off torn tails and rebuilds the index.
+    pub fn open(dir: impl AsRef<Path>, config: EnvConfig) -> Result<Environment, StoreError> {
+        config.validate()?;
+        let dir = dir.as_ref().to_path_buf();
+        fs::create_dir_all(&dir)
+            .map_err(|e| io_context(e, format!("cannot create environment {}", dir.display())))?;
+        let lock = lock::DirLock::acquire(&dir)?;
+        let (mut state, recovery) = load(&dir)?;
+        let active = match state.segments.last_key_value() {
+            Some((_, e)) => (e.seg.clone(), e.bytes),
+            None => {
+                let seg = create_segment(&dir, 1)?;
+                state.bytes += HEADER_LEN;
+                state.segments.insert(
+                    1,
+                    SegEntry {
+                        seg: seg.clone(),
+                        bytes: HEADER_LEN,
+                    },
+                );
+                (seg, HEADER_LEN)
+            }
+        };
+        let env = Environment {
+            dir,
+            config,
+            writer: Mutex::new(Writer {
+                active: active.0,
+                len: active.1,
+                broken: false,
+                buf: Vec::new(),
+                #[cfg(test)]
+                space_left: None,
+            }),
+            state: RwLock::new(state),
+            counters: Counters::default(),
+            recovery,
+            _lock: lock,
+        };
+        env.evict(&mut env.writer())?;
+        Ok(env)
+    }
+
+    /// The directory it lives in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The configuration it was opened with.
+    pub fn config(&self) -> &EnvConfig {
+        &self.config
+    }
+
+    /// What it holds and has done (a consistent snapshot of the index, counters read after).
+    pub fn stats(&self) -> EnvStats {
+        let st = self.read();
+        let c = &self.counters;
+        EnvStats {
+            chunks: st.index.len() as u64,
+            chunk_bytes: st.index.data_bytes(),
+            bytes: st.bytes,
+            segments: st.segments.len() as u64,
+            evictions: c.evictions.load(Ordering::Relaxed),
+            evicted_chunks: c.evicted_chunks.load(Ordering::Relaxed),
+            rescued_chunks: c.rescued_chunks.load(Ordering::Relaxed),
+            hits: c.hits.load(Ordering::Relaxed),
+            misses: c.misses.load(Ordering::Relaxed),
+            index_bytes: st.index.memory_bytes() as u64,
+            corrupt_dropped: c.corrupt_dropped.load(Ordering::Relaxed),
+            torn_bytes: self.recovery.torn_bytes,
+            skipped_records: self.recovery.skipped_records,
+            skipped_bytes: self.recovery.skipped_bytes,
+        }
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn writer(&self) -> MutexGuard<'_, Writer> {
+        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn count(&self, hit: bool) {
+        let c = if hit {
+            &self.counters.hits
+        } else {
+            &self.counters.misses
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Reads and verifies the record of `id` at `off` of `seg`; the inner error says why the
+    /// record is damaged.
+    fn read_record(
+        seg: &Segment,
+        id: &ChunkId,
+        off: u32,
+        len: u32,
+    ) -> Result<Result<Vec<u8>, String>, StoreError> {
+        let mut buf = vec![0u8; RECORD_HEAD + len as usize];
+        match segment::read_exact_at(&seg.file, &mut buf, u64::from(off)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                return Ok(Err("the segment ends inside the record".into()))
+            }
+            Err(e) => {
+                return Err(io_context(
+                    e,
+                    format!("cannot read {} at offset {off}", seg.path.display()),
+                ))
+            }
+        }
+        if let Err(why) = segment::verify_record(&buf, seg.no, u64::from(off), id, len) {
+            return Ok(Err(why));
+        }
+        buf.drain(..RECORD_HEAD);
+        Ok(Ok(buf))
+    }
+
+    /// Appends the record `id` → `data` to the newest segment (starting a new one if it is
+    /// full) and publishes it in the index.
+    fn append(
+        &self,
+        w: &mut Writer,
+        id: &ChunkId,
+        data: &[u8],
+        sum: u64,
+    ) -> Result<(), StoreError> {
+        let rec = (RECORD_HEAD + data.len()) as u64;
+        if w.broken || (w.len + rec > self.config.segment_bytes && w.len > HEADER_LEN) {
+            self.rotate(w)?;
+        }
+        let off = w.len;
+        let mut buf = std::mem::take(&mut w.buf);
+        buf.clear();
+        segment::encode_record(&mut buf, w.active.no, off, id, data, sum);
+        let written = self.write_at(w, &buf, off);
+        w.buf = buf;
+        if let Err(e) = written {
+            let cut = w.active.file.set_len(off);
+            w.broken = cut.is_err();
+            let full = e.kind() == io::ErrorKind::StorageFull;
+            return Err(io_context(
+                e,
+                format!(
+                    "environment {}: writing a chunk to {} failed{}{}",
+                    self.dir.display(),
+                    w.active.path.display(),
+                    if full {
+                        " because the disk is full (free space or lower max_bytes)"
+                    } else {
+                        ""
+                    },
+                    if cut.is_ok() {
+                        "; the partial record was removed"
+                    } else {
+                        "; the partial record will be cut off at the next open"
+                    }
+                ),
+            ));
+        }
+        w.len += rec;
+        let mut st = self.write();
+        st.index
+            .insert(*id, Loc::new(w.active.no, off as u32, data.len() as u32));
+        st.bytes += rec;
+        if let Some(e) = st.segments.get_mut(&w.active.no) {
+            e.bytes = w.len;
+        }
+        Ok(())
+    }
+
+    #[cfg(not(test))]
+    fn write_at(&self, w: &mut Writer, buf: &[u8], off: u64) -> io::Result<()> {
+        segment::write_all_at(&w.active.file, buf, off)
+    }
+
+    #[cfg(test)]
+    fn write_at(&self, w: &mut Writer, buf: &[u8], off: u64) -> io::Result<()> {
+        match w.space_left {
+            Some(left) if (buf.len() as u64) > left => {
+                segment::write_all_at(&w.active.file, &buf[..left as usize], off)?;
+                w.space_left = Some(0);
+                Err(io::Error::new(
+                    io::ErrorKind::StorageFull,
+                    "No space left on device (injected)",
+                ))
+            }
+            Some(left) => {
+                w.space_left = Some(left - buf.len() as u64);
+                segment::write_all_at(&w.active.file, buf, off)
+            }
+            None => segment::write_all_at(&w.active.file, buf, off),
+        }
+    }
+
+    /// Makes the newest segment durable and starts the next one.
+    fn rotate(&self, w: &mut Writer) -> Result<(), StoreError> {
+        w.active
+            .file
+            .sync_data()
+            .map_err(|e| io_context(e, format!("cannot fsync {}", w.active.path.display())))?;
+        let no = w.active.no.checked_add(1).ok_or_else(|| {
+            StoreError::Refused(format!(
+                "environment {} has used up its segment numbers",
+                self.dir.display()
+            ))
+        })?;
+        let seg = create_segment(&self.dir, no)?;
+        let mut st = self.write();
+        st.bytes += HEADER_LEN;
+        st.segments.insert(
+            no,
+            SegEntry {
+                seg: seg.clone(),
+                bytes: HEADER_LEN,
+            },
+        );
+        drop(st);
+        w.active = seg;
+        w.len = HEADER_LEN;
+        w.broken = false;
+        Ok(())
+    }
+
+    /// Deletes oldest segments while the files exceed `max_bytes`, copying their used chunks
+    /// forward first when `second_chance` is on.
+    fn evict(&self, w: &mut Writer) -> Result<(), StoreError> {
+        loop {
+            let mut st = self.write();
+            if st.bytes <= self.config.max_bytes {
+                return Ok(());
+            }
+            let Some((&no, _)) = st.segments.first_key_value() else {
+                return Ok(());
+            };
+            if no == w.active.no {
+                return Ok(());
+            }
+            let victim = st.segments.remove(&no).expect("first key exists");
+            st.bytes -= victim.bytes;
+            let gone = st.index.drain_segment(no);
+            drop(st);
+            self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+            let mut left = gone.len() as u64;
+            if self.config.second_chance {
+                for e in gone.iter().filter(|e| e.used) {
+                    let Ok(Ok(data)) = Self::read_record(&victim.seg, &e.id, e.off, e.len) else {
+                        continue;
+                    };
+                    if self.append(w, &e.id, &data, xxh3_64(&data)).is_err() {
+                        break;
+                    }
+                    left -= 1;
+                    self.counters.rescued_chunks.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            self.counters
+                .evicted_chunks
+                .fetch_add(left, Ordering::Relaxed);
+            fs::remove_file(&victim.seg.path)
+                .and_then(|()| segment::sync_dir(&self.dir))
+                .map_err(|e| {
+                    io_context(
+                        e,
+                        format!(
+                            "cannot remove evicted segment {}",
+                            victim.seg.path.display()
+                        ),
+                    )
+                })?;
+        }
+    }
+
+    /// Forgets `id` after its record at `off` of `seg` failed verification.
+    fn drop_damaged(&self, id: &ChunkId, seg: &Segment, off: u32, why: &str) -> StoreError {
+        if self.write().index.remove_at(id, seg.no, off) {
+            self.counters
+                .corrupt_dropped
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        StoreError::Corrupt(format!(
+            "chunk {id:?} in {} at offset {off}: {why}; it was dropped from the environment",
+            seg.path.display()
+        ))
+    }
+}
+
+/// Creates segment `no` in `dir` holding only its header, durably (file and directory).
+fn create_segment(dir: &Path, no: u32) -> Result<Arc<Segment>, StoreError> {
+    let path = dir.join(segment::file_name(no));
+    let made = (|| -> io::Result<File> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)?;
+        segment::write_all_at(&file, &segment::encode_header(no), 0)?;
+        file.sync_all()?;
+        segment::sync_dir(dir)?;
+        Ok(file)
+    })();
+    match made {
+        Ok(file) => Ok(Arc::new(Segment { no, path, file })),
+        Err(e) => {
+            let _ = fs::remove_file(&path);
+            let full = if e.kind() == io::ErrorKind::StorageFull {
+                " (the disk is full)"
+            } else {
+                ""
+            };
+            Err(io_context(
+                e,
+                format!("cannot create segment {}{full}", path.display()),
+            ))
+        }
+    }
+}
+
+/// Reads every segment in `dir`: the index, the segment table, and what recovery did.
+fn load(dir: &Path) -> Result<(State, Recovery), StoreError> {
+    let listing = || format!("cannot list environment {}", dir.display());
+    let mut found = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| io_context(e, listing()))? {
+        let entry = entry.map_err(|e| io_context(e, listing()))?;
+        if let Some(no) = entry.file_name().to_str().and_then(segment::parse_name) {
+            found.push((no, entry.path()));
+        }
+    }
+    found.sort();
+    let mut state = State::default();
+    let mut rec = Recovery::default();
+    let mut buf = Vec::new();
+    let newest = found.last().map(|(no, _)| *no);
+    for (no, path) in found {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| io_context(e, format!("cannot open {}", path.display())))?;
+        let len = file
+            .metadata()
+            .map_err(|e| io_context(e, format!("cannot stat {}", path.display())))?
+            .len();
+        if len > MAX_SEGMENT_BYTES {
+            return Err(StoreError::Corrupt(format!(
+                "{} has {len} bytes, more than any segment ({MAX_SEGMENT_BYTES})",
+                path.display()
+            )));
+        }
+        if len < HEADER_LEN {
+            if Some(no) != newest {
+                return Err(StoreError::Corrupt(format!(
+                    "{} has {len} bytes, too few for a segment header",
+                    path.display()
+                )));
+            }
+            drop(file);
+            fs::remove_file(&path)
+                .and_then(|()| segment::sync_dir(dir))
+                .map_err(|e| io_context(e, format!("cannot remove {}", path.display())))?;
+            rec.torn_bytes += len;
+            continue;
+        }
+        buf.clear();
+        buf.resize(len as usize, 0);
+        segment::read_exact_at(&file, &mut buf, 0)
+            .map_err(|e| io_context(e, format!("cannot read {}", path.display())))?;
+        let header_no = segment::decode_header(&buf, &path)?;
+        if header_no != no {
+            return Err(StoreError::Corrupt(format!(
+                "{} holds segment {header_no:08x}, not the one its name says",
+                path.display()
+            )));
+        }
+        let scan = segment::scan(&buf, no);
+        if scan.end < len {
+            file.set_len(scan.end)
+                .and_then(|()| file.sync_all())
+                .map_err(|e| {
+                    io_context(e, format!("cannot cut the torn tail of {}", path.display()))
+                })?;
+            rec.torn_bytes += len - scan.end;
+        }
+        rec.skipped_records += scan.skipped_records;
+        rec.skipped_bytes += scan.skipped_bytes;
+        for r in &scan.records {
+            state.index.insert(r.id, Loc::new(no, r.off, r.len));
+        }
+        state.bytes += scan.end;
+        state.segments.insert(
+            no,
+            SegEntry {
+                seg: Arc::new(Segment { no, path, file }),
+                bytes: scan.end,
+            },
+        );
+    }
+    Ok((state, rec))
+}
+
+impl ChunkStore for Environment {
+    fn contains(&self, id: &ChunkId) -> Result<bool, StoreError> {
+        let hit = self.read().index.get(id).map(Loc::mark_used).is_some();
+        self.count(hit);
+        Ok(hit)
+    }
+
+    fn get(&self, id: &ChunkId) -> Result<Option<Vec<u8>>, StoreError> {
+        let found = {
+            let st = self.read();
+            st.index.get(id).and_then(|loc| {
+                loc.mark_used();
+                let seg = st.segments.get(&loc.seg)?.seg.clone();
+                Some((seg, loc.off, loc.len()))
+            })
+        };
+        self.count(found.is_some());
+        let Some((seg, off, len)) = found else {
+            return Ok(None);
+        };
+        match Self::read_record(&seg, id, off, len)? {
+            Ok(data) => Ok(Some(data)),
+            Err(why) => Err(self.drop_damaged(id, &seg, off, &why)),
+        }
+    }
+
+    fn put(&self, id: &ChunkId, data: &[u8]) -> Result<(), StoreError> {
+        if data.len() as u64 > self.config.max_chunk_bytes() {
+            return Err(StoreError::Refused(format!(
+                "a chunk of {} bytes is larger than environment {} takes ({} bytes, set by segment_bytes)",
+                data.len(),
+                self.dir.display(),
+                self.config.max_chunk_bytes()
+            )));
+        }
+        if self.read().index.contains(id) {
+            return Ok(());
+        }
+        let sum = xxh3_64(data);
+        let mut w = self.writer();
+        if self.read().index.contains(id) {
+            return Ok(());
+        }
+        self.append(&mut w, id, data, sum)?;
+        self.evict(&mut w)
+    }
+
+    fn contains_many(&self, ids: &[ChunkId]) -> Result<Vec<bool>, StoreError> {
+        let st = self.read();
+        let out: Vec<bool> = ids
+            .iter()
+            .map(|id| st.index.get(id).map(Loc::mark_used).is_some())
+            .collect();
+        drop(st);
+        let hits = out.iter().filter(|&&h| h).count() as u64;
+        self.counters.hits.fetch_add(hits, Ordering::Relaxed);
+        self.counters
+            .misses
+            .fetch_add(out.len() as u64 - hits, Ordering::Relaxed);
+        Ok(out)
+    }
+
+    fn sync(&self) -> Result<(), StoreError> {
+        let w = self.writer();
+        w.active
+            .file
+            .sync_data()
+            .map_err(|e| io_context(e, format!("cannot fsync {}", w.active.path.display())))
+    }
+}

@@ -1,0 +1,492 @@
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use tempfile::TempDir;
+
+use super::*;
+
+fn id(n: u64) -> ChunkId {
+    let mut b = [0u8; 32];
+    b[..8].copy_from_slice(&n.to_le_bytes());
+    b[8..16].copy_from_slice(&xxh3_64(&n.to_le_bytes()).to_le_bytes());
+    ChunkId(b)
+}
+
+fn data(n: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (n as usize * 31 + i * 7) as u8).collect()
+}
+
+fn small() -> EnvConfig {
+    EnvConfig {
+        max_bytes: 64 << 10,
+        segment_bytes: 16 << 10,
+        second_chance: false,
+    }
+}
+
+fn seg_path(dir: &Path, no: u32) -> PathBuf {
+    dir.join(segment::file_name(no))
+}
+
+fn flip(path: &Path, at: u64) {
+    let mut b = fs::read(path).unwrap();
+    b[at as usize] ^= 0x20;
+    fs::write(path, b).unwrap();
+}
+
+#[test]
+fn put_get_contains_round_trip() {
+    let dir = TempDir::new().unwrap();
+    let env = Environment::open(dir.path(), EnvConfig::default()).unwrap();
+    env.put(&id(1), b"alpha").unwrap();
+    env.put(&id(1), b"ignored: already held").unwrap();
+    env.put(&id(2), b"").unwrap();
+    assert_eq!(env.get(&id(1)).unwrap().as_deref(), Some(&b"alpha"[..]));
+    assert_eq!(env.get(&id(2)).unwrap().as_deref(), Some(&b""[..]));
+    assert_eq!(env.get(&id(3)).unwrap(), None);
+    assert!(env.contains(&id(1)).unwrap());
+    assert_eq!(
+        env.contains_many(&[id(1), id(3), id(2)]).unwrap(),
+        vec![true, false, true]
+    );
+    let s = env.stats();
+    assert_eq!((s.chunks, s.chunk_bytes, s.segments), (2, 5, 1));
+    assert_eq!((s.hits, s.misses), (5, 2));
+    assert_eq!(s.bytes, HEADER_LEN + 2 * RECORD_HEAD as u64 + 5);
+    assert!(s.index_bytes > 0);
+}
+
+#[test]
+fn reopen_keeps_chunks() {
+    let dir = TempDir::new().unwrap();
+    {
+        let env = Environment::open(dir.path(), small()).unwrap();
+        for n in 0..20 {
+            env.put(&id(n), &data(n, 1000)).unwrap();
+        }
+        env.sync().unwrap();
+    }
+    let env = Environment::open(dir.path(), small()).unwrap();
+    let s = env.stats();
+    assert_eq!(
+        (s.chunks, s.segments, s.torn_bytes, s.skipped_records),
+        (20, 2, 0, 0)
+    );
+    for n in 0..20 {
+        assert_eq!(env.get(&id(n)).unwrap(), Some(data(n, 1000)), "chunk {n}");
+    }
+    env.put(&id(99), b"after reopen").unwrap();
+    drop(env);
+    let env = Environment::open(dir.path(), small()).unwrap();
+    assert_eq!(
+        env.get(&id(99)).unwrap().as_deref(),
+        Some(&b"after reopen"[..])
+    );
+}
+
+#[test]
+fn eviction_keeps_bytes_bounded_and_evicts_oldest() {
+    let dir = TempDir::new().unwrap();
+    let env = Environment::open(dir.path(), small()).unwrap();
+    for n in 0..400 {
+        env.put(&id(n), &data(n, 1000)).unwrap();
+        let s = env.stats();
+        assert!(s.bytes <= 64 << 10, "after {n}: {} bytes", s.bytes);
+    }
+    let s = env.stats();
+    assert!(s.evictions > 0 && s.evicted_chunks > 0);
+    assert!(
+        !env.contains(&id(0)).unwrap(),
+        "the oldest chunk left first"
+    );
+    assert!(env.contains(&id(399)).unwrap(), "the newest stays");
+    let held: Vec<u64> = (0..400)
+        .filter(|&n| env.contains(&id(n)).unwrap())
+        .collect();
+    let first = held[0];
+    assert_eq!(held, (first..400).collect::<Vec<_>>(), "a suffix survives");
+    assert_eq!(s.evicted_chunks + s.chunks, 400);
+    let on_disk: u64 = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_str().unwrap().ends_with(".seg"))
+        .map(|e| e.metadata().unwrap().len())
+        .sum();
+    assert_eq!(on_disk, s.bytes);
+    drop(env);
+    let env = Environment::open(dir.path(), small()).unwrap();
+    assert_eq!(env.stats().chunks, s.chunks);
+}
+
+#[test]
+fn second_chance_keeps_used_chunks() {
+    let dir = TempDir::new().unwrap();
+    let cfg = EnvConfig {
+        second_chance: true,
+        ..small()
+    };
+    let env = Environment::open(dir.path(), cfg).unwrap();
+    for n in 0..400 {
+        env.put(&id(n), &data(n, 1000)).unwrap();
+        if n % 10 == 0 {
+            assert_eq!(env.get(&id(0)).unwrap(), Some(data(0, 1000)), "after {n}");
+        }
+        assert!(env.stats().bytes <= 64 << 10);
+    }
+    let s = env.stats();
+    assert!(s.rescued_chunks > 0);
+    assert!(env.contains(&id(0)).unwrap(), "a chunk in use survives");
+    assert!(!env.contains(&id(1)).unwrap(), "an unused one does not");
+}
+
+#[test]
+fn oversized_chunk_and_bad_config_are_refused() {
+    let dir = TempDir::new().unwrap();
+    let env = Environment::open(dir.path(), small()).unwrap();
+    let big = vec![0u8; small().max_chunk_bytes() as usize + 1];
+    assert!(matches!(env.put(&id(1), &big), Err(StoreError::Refused(_))));
+    env.put(&id(1), &big[1..]).unwrap();
+    assert_eq!(env.get(&id(1)).unwrap().unwrap().len(), big.len() - 1);
+    let bad = EnvConfig {
+        max_bytes: 20 << 10,
+        ..small()
+    };
+    let other = TempDir::new().unwrap();
+    assert!(matches!(
+        Environment::open(other.path(), bad),
+        Err(StoreError::Refused(_))
+    ));
+}
+
+#[test]
+fn concurrent_streams_put_and_get() {
+    let dir = TempDir::new().unwrap();
+    let cfg = EnvConfig {
+        max_bytes: 64 << 20,
+        segment_bytes: 256 << 10,
+        second_chance: true,
+    };
+    let env = Arc::new(Environment::open(dir.path(), cfg).unwrap());
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let env = env.clone();
+            std::thread::spawn(move || {
+                for i in 0..300u64 {
+                    let n = (t * 300 + i) % 1000;
+                    let want = data(n, 200 + (n as usize % 50) * 40);
+                    env.put(&id(n), &want).unwrap();
+                    assert_eq!(env.get(&id(n)).unwrap().as_ref(), Some(&want));
+                    let other = (n * 7) % 1000;
+                    if let Some(got) = env.get(&id(other)).unwrap() {
+                        assert_eq!(got, data(other, 200 + (other as usize % 50) * 40));
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let s = env.stats();
+    assert_eq!(s.chunks, 1000, "every id 0..1000 was put, nothing evicted");
+    drop(env);
+    let env = Environment::open(dir.path(), EnvConfig::default()).unwrap();
+    assert_eq!(env.stats().chunks, 1000);
+    for n in 0..1000 {
+        assert_eq!(
+            env.get(&id(n)).unwrap(),
+            Some(data(n, 200 + (n as usize % 50) * 40))
+        );
+    }
+}
+
+#[test]
+fn concurrent_puts_with_eviction_stay_consistent() {
+    let dir = TempDir::new().unwrap();
+    let env = Arc::new(
+        Environment::open(
+            dir.path(),
+            EnvConfig {
+                second_chance: true,
+                ..small()
+            },
+        )
+        .unwrap(),
+    );
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let env = env.clone();
+            std::thread::spawn(move || {
+                for i in 0..500u64 {
+                    let n = t * 1000 + i;
+                    env.put(&id(n), &data(n, 700)).unwrap();
+                    for back in [1, 5, 50] {
+                        if let Some(got) = env.get(&id(n.saturating_sub(back))).unwrap() {
+                            assert_eq!(got, data(n.saturating_sub(back), 700));
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let s = env.stats();
+    assert!(s.bytes <= 64 << 10 && s.evictions > 0);
+    assert_eq!(s.corrupt_dropped, 0);
+}
+
+#[test]
+fn torn_tail_is_cut_at_reopen() {
+    let dir = TempDir::new().unwrap();
+    {
+        let env = Environment::open(dir.path(), small()).unwrap();
+        for n in 0..5 {
+            env.put(&id(n), &data(n, 500)).unwrap();
+        }
+    }
+    let path = seg_path(dir.path(), 1);
+    let full = fs::metadata(&path).unwrap().len();
+    let cut = full - 200;
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(cut)
+        .unwrap();
+    let env = Environment::open(dir.path(), small()).unwrap();
+    let s = env.stats();
+    let rec = (RECORD_HEAD + 500) as u64;
+    assert_eq!(s.chunks, 4);
+    assert_eq!(s.torn_bytes, cut - (full - rec));
+    assert_eq!(s.skipped_records, 0);
+    assert_eq!(fs::metadata(&path).unwrap().len(), full - rec);
+    assert_eq!(env.get(&id(4)).unwrap(), None);
+    env.put(&id(4), &data(4, 500)).unwrap();
+    drop(env);
+    let env = Environment::open(dir.path(), small()).unwrap();
+    assert_eq!(env.stats().torn_bytes, 0);
+    assert_eq!(env.get(&id(4)).unwrap(), Some(data(4, 500)));
+}
+
+#[test]
+fn zero_filled_tail_and_torn_segment_creation_are_recovered() {
+    let dir = TempDir::new().unwrap();
+    {
+        let env = Environment::open(dir.path(), small()).unwrap();
+        env.put(&id(1), b"kept").unwrap();
+    }
+    let path = seg_path(dir.path(), 1);
+    let mut b = fs::read(&path).unwrap();
+    b.extend_from_slice(&[0u8; 300]);
+    fs::write(&path, &b).unwrap();
+    fs::write(seg_path(dir.path(), 2), &segment::encode_header(2)[..10]).unwrap();
+    let env = Environment::open(dir.path(), small()).unwrap();
+    let s = env.stats();
+    assert_eq!((s.chunks, s.segments, s.torn_bytes), (1, 1, 310));
+    assert!(!seg_path(dir.path(), 2).exists());
+    assert_eq!(env.get(&id(1)).unwrap().as_deref(), Some(&b"kept"[..]));
+}
+
+#[test]
+fn flipped_byte_is_corrupt_on_get_and_skipped_at_open() {
+    let dir = TempDir::new().unwrap();
+    let rec = (RECORD_HEAD + 300) as u64;
+    {
+        let env = Environment::open(dir.path(), small()).unwrap();
+        for n in 0..4 {
+            env.put(&id(n), &data(n, 300)).unwrap();
+        }
+        flip(
+            &seg_path(dir.path(), 1),
+            HEADER_LEN + rec + RECORD_HEAD as u64 + 17,
+        );
+        match env.get(&id(1)) {
+            Err(StoreError::Corrupt(m)) => {
+                assert!(
+                    m.contains("00000001.seg") && m.contains("data checksum"),
+                    "{m}"
+                )
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+        assert_eq!(env.get(&id(1)).unwrap(), None, "dropped from the index");
+        assert_eq!(env.stats().corrupt_dropped, 1);
+        assert_eq!(env.get(&id(2)).unwrap(), Some(data(2, 300)));
+    }
+    let env = Environment::open(dir.path(), small()).unwrap();
+    let s = env.stats();
+    assert_eq!((s.chunks, s.skipped_records, s.skipped_bytes), (3, 1, rec));
+    assert_eq!(s.torn_bytes, 0);
+    assert_eq!(env.get(&id(1)).unwrap(), None);
+    for n in [0, 2, 3] {
+        assert_eq!(env.get(&id(n)).unwrap(), Some(data(n, 300)));
+    }
+}
+
+#[test]
+fn flipped_record_header_is_corrupt_not_wrong_bytes() {
+    let dir = TempDir::new().unwrap();
+    let env = Environment::open(dir.path(), small()).unwrap();
+    env.put(&id(1), &data(1, 100)).unwrap();
+    env.put(&id(2), &data(2, 100)).unwrap();
+    flip(&seg_path(dir.path(), 1), HEADER_LEN + 33);
+    assert!(matches!(env.get(&id(1)), Err(StoreError::Corrupt(m)) if m.contains("header")));
+    assert_eq!(env.get(&id(2)).unwrap(), Some(data(2, 100)));
+}
+
+#[test]
+fn bad_magic_and_unknown_version_name_the_file() {
+    let dir = TempDir::new().unwrap();
+    {
+        let env = Environment::open(dir.path(), small()).unwrap();
+        env.put(&id(1), b"x").unwrap();
+    }
+    let path = seg_path(dir.path(), 1);
+    flip(&path, 2);
+    match Environment::open(dir.path(), small()) {
+        Err(StoreError::Corrupt(m)) => assert!(m.contains("00000001.seg") && m.contains("magic")),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    flip(&path, 2);
+    let mut b = fs::read(&path).unwrap();
+    b[8..12].copy_from_slice(&2u32.to_le_bytes());
+    fs::write(&path, &b).unwrap();
+    match Environment::open(dir.path(), small()) {
+        Err(StoreError::Refused(m)) => {
+            assert!(m.contains("00000001.seg") && m.contains("version 2"), "{m}")
+        }
+        other => panic!("expected Refused, got {other:?}"),
+    }
+    b[8..12].copy_from_slice(&1u32.to_le_bytes());
+    b[13] ^= 1;
+    fs::write(&path, &b).unwrap();
+    assert!(
+        matches!(Environment::open(dir.path(), small()), Err(StoreError::Corrupt(m)) if m.contains("00000001.seg"))
+    );
+}
+
+#[test]
+fn second_open_is_refused() {
+    let dir = TempDir::new().unwrap();
+    let env = Environment::open(dir.path(), small()).unwrap();
+    match Environment::open(dir.path(), small()) {
+        Err(StoreError::Refused(m)) => assert!(m.contains("in use by another process"), "{m}"),
+        other => panic!("expected Refused, got {other:?}"),
+    }
+    drop(env);
+    Environment::open(dir.path(), small()).unwrap();
+}
+
+#[test]
+fn full_disk_leaves_the_store_consistent() {
+    let dir = TempDir::new().unwrap();
+    let env = Environment::open(dir.path(), small()).unwrap();
+    env.put(&id(1), &data(1, 500)).unwrap();
+    let before = env.stats();
+    env.writer().space_left = Some(200);
+    match env.put(&id(2), &data(2, 500)) {
+        Err(StoreError::Io(e)) => {
+            assert_eq!(e.kind(), io::ErrorKind::StorageFull);
+            let m = e.to_string();
+            assert!(m.contains("disk is full") && m.contains("removed"), "{m}");
+        }
+        other => panic!("expected Io, got {other:?}"),
+    }
+    assert_eq!(env.stats().bytes, before.bytes);
+    assert_eq!(
+        fs::metadata(seg_path(dir.path(), 1)).unwrap().len(),
+        before.bytes
+    );
+    assert_eq!(env.get(&id(2)).unwrap(), None);
+    env.writer().space_left = None;
+    env.put(&id(3), &data(3, 500)).unwrap();
+    drop(env);
+    let env = Environment::open(dir.path(), small()).unwrap();
+    let s = env.stats();
+    assert_eq!((s.chunks, s.torn_bytes, s.skipped_records), (2, 0, 0));
+    assert_eq!(env.get(&id(3)).unwrap(), Some(data(3, 500)));
+}
+
+#[test]
+fn full_disk_on_the_first_record_of_a_segment() {
+    let dir = TempDir::new().unwrap();
+    let env = Environment::open(dir.path(), small()).unwrap();
+    let mut n = 0;
+    while env.stats().segments == 1 {
+        env.put(&id(n), &data(n, 1000)).unwrap();
+        n += 1;
+    }
+    env.writer().space_left = Some(0);
+    assert!(matches!(
+        env.put(&id(1000), &data(1000, 1000)),
+        Err(StoreError::Io(_))
+    ));
+    env.writer().space_left = None;
+    env.put(&id(1000), &data(1000, 1000)).unwrap();
+    drop(env);
+    let env = Environment::open(dir.path(), small()).unwrap();
+    assert_eq!(env.stats().chunks, n + 1);
+    assert_eq!(env.stats().torn_bytes, 0);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Put(u8, u16),
+    Get(u8),
+    Reopen,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (any::<u8>(), 0u16..3000).prop_map(|(k, l)| Op::Put(k, l)),
+        4 => any::<u8>().prop_map(Op::Get),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    #[test]
+    fn matches_a_hashmap_model(ops in prop::collection::vec(op(), 1..120)) {
+        let dir = TempDir::new().unwrap();
+        let cfg = EnvConfig { max_bytes: 64 << 20, segment_bytes: 32 << 10, second_chance: true };
+        let mut env = Environment::open(dir.path(), cfg.clone()).unwrap();
+        let mut model: HashMap<u8, Vec<u8>> = HashMap::new();
+        for op in ops {
+            match op {
+                Op::Put(k, len) => {
+                    let d = data(u64::from(k) ^ u64::from(len), len as usize);
+                    env.put(&id(u64::from(k)), &d).unwrap();
+                    model.entry(k).or_insert(d);
+                }
+                Op::Get(k) => {
+                    prop_assert_eq!(env.get(&id(u64::from(k))).unwrap(), model.get(&k).cloned());
+                }
+                Op::Reopen => {
+                    drop(env);
+                    env = Environment::open(dir.path(), cfg.clone()).unwrap();
+                }
+            }
+        }
+        prop_assert_eq!(env.stats().chunks, model.len() as u64);
+        for (k, d) in &model {
+            prop_assert_eq!(env.get(&id(u64::from(*k))).unwrap(), Some(d.clone()));
+        }
+    }
+
+    #[test]
+    fn arbitrary_segment_bytes_never_panic(body in prop::collection::vec(any::<u8>(), 0..600), header in any::<bool>()) {
+        let dir = TempDir::new().unwrap();
+        let mut b = if header { segment::encode_header(1).to_vec() } else { Vec::new() };
+        b.extend_from_slice(&body);
+        fs::write(seg_path(dir.path(), 1), &b).unwrap();
+        if let Ok(env) = Environment::open(dir.path(), small()) {
+            let _ = env.get(&id(0));
+            env.put(&id(1), b"still usable").unwrap();
+            prop_assert_eq!(env.get(&id(1)).unwrap(), Some(b"still usable".to_vec()));
+        }
+    }
+}
