@@ -8,6 +8,7 @@ mod chunking;
 mod delta;
 mod reduction;
 mod replicate;
+mod secure;
 
 #[derive(Parser)]
 #[command(about = "dedupwire benchmarks: ours vs peers in the same run")]
@@ -26,6 +27,8 @@ enum Cmd {
     Reduction(reduction::Args),
     /// Live PostgreSQL replication: dedupwire vs PostgreSQL logical replication, bytes on the wire.
     Replicate(replicate::Args),
+    /// The encrypted transport's throughput beside plain frames (loopback TCP, in-memory pipe).
+    Secure(secure::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -34,5 +37,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::Delta(a) => delta::run(&a),
         Cmd::Reduction(a) => reduction::run(&a),
         Cmd::Replicate(a) => replicate::run(&a),
+        Cmd::Secure(a) => secure::run(&a),
     }
 }
