@@ -4,12 +4,17 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use dedupwire_wire::{Key, SecureStream};
 
 /// The environment variable holding the shared key (or passphrase) when `--key-file` is absent.
 pub const KEY_ENV: &str = "DEDUPWIRE_KEY";
+
+/// The longest wait for the peer's side of the secure handshake: a peer that connects and says
+/// nothing holds a serial receiver only this long, not the whole session timeout.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A connection the replication runs over: secure or plaintext.
 pub trait Conn: Read + Write {}
@@ -55,20 +60,28 @@ impl KeyArgs {
 
 /// The connecting end's stream over `stream`: the secure handshake when there is a key.
 pub fn client(stream: TcpStream, key: Option<&Key>) -> Result<Box<dyn Conn>> {
-    Ok(match key {
-        Some(key) => {
-            Box::new(SecureStream::client(stream, key).context("secure handshake failed")?)
-        }
-        None => Box::new(stream),
-    })
+    secure(stream, key, SecureStream::client)
 }
 
 /// The accepting end's stream over `stream`: the secure handshake when there is a key.
 pub fn server(stream: TcpStream, key: Option<&Key>) -> Result<Box<dyn Conn>> {
-    Ok(match key {
-        Some(key) => {
-            Box::new(SecureStream::server(stream, key).context("secure handshake failed")?)
-        }
-        None => Box::new(stream),
-    })
+    secure(stream, key, SecureStream::server)
+}
+
+/// Runs `handshake` under [`HANDSHAKE_TIMEOUT`], then restores the stream's read timeout.
+fn secure(
+    stream: TcpStream,
+    key: Option<&Key>,
+    handshake: fn(TcpStream, &Key) -> dedupwire_wire::Result<SecureStream<TcpStream>>,
+) -> Result<Box<dyn Conn>> {
+    let Some(key) = key else {
+        return Ok(Box::new(stream));
+    };
+    let timeout = stream.read_timeout()?;
+    stream.set_read_timeout(Some(
+        timeout.map_or(HANDSHAKE_TIMEOUT, |t| t.min(HANDSHAKE_TIMEOUT)),
+    ))?;
+    let link = handshake(stream, key).context("secure handshake failed")?;
+    link.get_ref().set_read_timeout(timeout)?;
+    Ok(Box::new(link))
 }
