@@ -17,7 +17,8 @@ pub enum Error {
     /// encrypted message failed authentication (altered, replayed or reordered on the way).
     #[error("corrupt frame at byte {offset}: {detail}")]
     Corrupt {
-        /// Byte offset in the stream of the frame (or field) at fault.
+        /// Byte offset in the stream of the frame (or field) at fault; for an encrypted
+        /// message, its offset in the connection's (encrypted) bytes.
         offset: u64,
         /// What is wrong.
         detail: String,
