@@ -2,11 +2,11 @@
 # Every benchmark, ours and the peers side by side in one run; tables on stdout, JSON in
 # target/bench-results/. The machine is shared and noisy: each figure is a median of runs.
 #   bench/run.sh                 all benchmarks
-#   bench/run.sh chunking delta  some of them (chunking, delta, reduction, analyze, replicate, env)
+#   bench/run.sh chunking delta  some of them (chunking, delta, reduction, analyze, replicate, env, secure)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=("$@")
-[ ${#which[@]} -gt 0 ] || which=(chunking delta reduction analyze replicate env)
+[ ${#which[@]} -gt 0 ] || which=(chunking delta reduction analyze replicate env secure)
 command -v xdelta3 >/dev/null || { apt-get update -qq && apt-get install -y -qq xdelta3 >/dev/null; }
 data=$(bash bench/fetch-data.sh | tail -n 1)
 cargo build --release -q -p dedupwire-bench -p dedupwire-cli
@@ -23,8 +23,12 @@ for b in "${which[@]}"; do
     # (verifying scan), read back and looked up, in a fresh directory under target/.
     env) "$bench" env --mib 256 --chunk-kib 8 --json "$out/env.json" ;;
     # Live PostgreSQL replication (needs postgresql-15 + postgresql-15-wal2json): dedupwire vs
-    # PostgreSQL's own logical replication, bytes on the wire, on the shared document streams.
+    # PostgreSQL's own logical replication, bytes on the wire, on the shared document streams
+    # (dedupwire encrypted with a fresh key, as `dedupwire replicate` is by default).
     replicate) "$bench" replicate --docs ../shared/data --json "$out/replicate.json" ;;
+    # The encrypted transport (Noise, ChaCha20-Poly1305) beside plain frames, GB/s of frame
+    # payload over loopback TCP and an in-memory pipe.
+    secure) "$bench" secure --json "$out/secure.json" ;;
     analyze)
       # End-to-end analysis speed (every method, both scopes) beside reading the same files:
       # exact (the default at this size), then with residual compression sampled 1 batch in 4.

@@ -9,6 +9,7 @@ mod delta;
 mod env;
 mod reduction;
 mod replicate;
+mod secure;
 
 #[derive(Parser)]
 #[command(about = "dedupwire benchmarks: ours vs peers in the same run")]
@@ -29,6 +30,8 @@ enum Cmd {
     Reduction(reduction::Args),
     /// Live PostgreSQL replication: dedupwire vs PostgreSQL logical replication, bytes on the wire.
     Replicate(replicate::Args),
+    /// The encrypted transport's throughput beside plain frames (loopback TCP, in-memory pipe).
+    Secure(secure::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -38,5 +41,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::Env(a) => env::run(&a),
         Cmd::Reduction(a) => reduction::run(&a),
         Cmd::Replicate(a) => replicate::run(&a),
+        Cmd::Secure(a) => secure::run(&a),
     }
 }

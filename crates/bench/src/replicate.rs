@@ -12,8 +12,10 @@
 //!   replication connections (both directions, slot creation and the initial table sync of the
 //!   empty table included) is counted. The subscription is ready before the load starts.
 //! * **dedupwire**: a wal2json slot on `src`, `live::Sender` → `live::Receiver` over a real
-//!   127.0.0.1 socket (counted both directions) into `dst_dedup`, running while the workload is
-//!   loaded and stopping once drained; `dst_dedup` is then compared with `src` row by row.
+//!   127.0.0.1 socket (counted both directions) into `dst_dedup`, encrypted with a fresh key as
+//!   the CLI does by default (`SecureStream`: the handshake and 18 bytes per message of up to
+//!   64 KiB are counted), running while the workload is loaded and stopping once drained;
+//!   `dst_dedup` is then compared with `src` row by row.
 //! * The two sources get identical statements, so they carry the same change stream; the
 //!   tables keep the default replica identity (the primary key) for both, so neither ships old
 //!   row images (dedupwire's `replica_identity_full` is turned off for fairness).
@@ -41,6 +43,7 @@ use dedupwire_replicate::live::{
 use dedupwire_replicate::pg::server;
 use dedupwire_replicate::pg::{PgError, PgSink, PgSinkConfig, PgSource, PgSourceConfig, Tables};
 use dedupwire_replicate::{Change, ChangeSource, Op};
+use dedupwire_wire::{Key, SecureStream};
 use postgres::{Client, NoTls};
 
 /// Options of the replicate benchmark.
@@ -344,7 +347,7 @@ impl ChangeSource for WhileLoading {
 }
 
 /// CPU seconds of the calling thread.
-fn thread_cpu() -> f64 {
+pub(crate) fn thread_cpu() -> f64 {
     // SAFETY: getrusage writes into the zeroed struct we own.
     unsafe {
         let mut ru: libc::rusage = std::mem::zeroed();
@@ -391,6 +394,8 @@ fn run_dedupwire(pg: &PgServer, writes: &[Write1], args: &Args) -> Result<DedupR
     let counters = Counters::default();
     let loading_done = Arc::new(AtomicBool::new(false));
     let deadline = Instant::now() + timeout;
+    let key = Key::generate()?;
+    let receiver_key = key.clone();
 
     let receiver = thread::spawn(move || -> Result<(ReceiveSummary, f64)> {
         // Bounded: the sender may fail before it connects.
@@ -411,6 +416,8 @@ fn run_dedupwire(pg: &PgServer, writes: &[Write1], args: &Args) -> Result<DedupR
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(timeout))?;
         let cpu0 = thread_cpu();
+        let stream =
+            SecureStream::server(stream, &receiver_key).map_err(|e| anyhow!("receiver: {e}"))?;
         let mut r = Receiver::default();
         let res = r.run(stream, |stream| {
             PgSink::connect(&dst_url, PgSinkConfig::with_stream(stream))
@@ -436,14 +443,15 @@ fn run_dedupwire(pg: &PgServer, writes: &[Write1], args: &Args) -> Result<DedupR
             idle_sleep: Duration::from_millis(20),
             ..SenderConfig::default()
         });
-        let res = s.run(
+        let link = SecureStream::client(
             Counted {
                 inner: stream,
                 counters: c,
             },
-            &mut source,
-            &mut store,
-        );
+            &key,
+        )
+        .map_err(|e| anyhow!("sender: {e}"))?;
+        let res = s.run(link, &mut source, &mut store);
         let cpu = thread_cpu() - cpu0;
         res.map_err(|e| anyhow!("sender: {e}"))?;
         let _ = source.inner.drop_slot();
@@ -778,9 +786,9 @@ fn run_workload(
         native.total.as_secs_f64()
     );
     println!(
-        "dedupwire: {} B on the socket (summary: {} sent + {} received), {} changes in {} \
-         batches, {} deltas / {} literals; replica verified row by row ({} rows); caught up \
-         {:.1} s after the load started",
+        "dedupwire: {} B on the socket, encrypted (frames inside: {} sent + {} received), {} \
+         changes in {} batches, {} deltas / {} literals; replica verified row by row ({} rows); \
+         caught up {:.1} s after the load started",
         dedup.wire,
         s.wire_bytes_sent,
         s.wire_bytes_received,

@@ -1,5 +1,6 @@
 //! `dedupwire replicate encode|decode|send|receive`: sDedup over JSON-lines change streams,
-//! and live replication of PostgreSQL document tables over TCP.
+//! and live replication of PostgreSQL document tables over TCP, authenticated and encrypted
+//! with a shared key unless both ends say `--insecure-plaintext`.
 
 use std::io::{BufReader, BufWriter};
 use std::net::{TcpListener, TcpStream};
@@ -9,6 +10,9 @@ use dedupwire_replicate::jsonl;
 use dedupwire_replicate::live::{PgDocStore, Receiver, ReceiverConfig, Sender, SenderConfig};
 use dedupwire_replicate::pg::{PgSink, PgSinkConfig, PgSource, PgSourceConfig, Tables};
 use dedupwire_replicate::sdedup::SdedupConfig;
+use dedupwire_wire::Key;
+
+use crate::transport::{self, KeyArgs};
 
 /// How long either end waits for the other before giving up on the connection. An idle
 /// sender pings every few seconds, so only a peer that is gone (or a network that dropped the
@@ -73,6 +77,8 @@ enum Cmd {
         /// to stderr at the end (JSON).
         #[arg(long)]
         stats: bool,
+        #[command(flatten)]
+        key: KeyArgs,
     },
     /// Accept senders on ADDR and apply their change streams to a PostgreSQL replica, each
     /// batch in one transaction with its position (exactly once across restarts).
@@ -86,6 +92,8 @@ enum Cmd {
         /// Handle one connection, then exit (non-zero if it failed).
         #[arg(long)]
         once: bool,
+        #[command(flatten)]
+        key: KeyArgs,
     },
 }
 
@@ -124,7 +132,9 @@ pub fn run(args: Args) -> Result<()> {
             until_drained,
             state,
             stats,
+            key,
         } => {
+            let key = key.key()?;
             let batch_bytes = dedupwire_analyze::parse_size(&batch_bytes)
                 .with_context(|| format!("--batch-bytes {batch_bytes:?}: use a size like 4MiB"))?;
             if window == 0 {
@@ -135,6 +145,7 @@ pub fn run(args: Args) -> Result<()> {
                 to,
                 tables,
                 stats,
+                key,
                 config: SenderConfig {
                     sdedup: config,
                     stream: slot,
@@ -146,7 +157,12 @@ pub fn run(args: Args) -> Result<()> {
                 },
             })?;
         }
-        Cmd::Receive { listen, into, once } => receive(&listen, &into, once)?,
+        Cmd::Receive {
+            listen,
+            into,
+            once,
+            key,
+        } => receive(&listen, &into, once, key.key()?)?,
     }
     Ok(())
 }
@@ -156,6 +172,7 @@ struct SendOptions {
     to: String,
     tables: Vec<String>,
     stats: bool,
+    key: Option<Key>,
     config: SenderConfig,
 }
 
@@ -180,8 +197,10 @@ fn send(o: SendOptions) -> Result<()> {
         .with_context(|| format!("cannot connect to the receiver at {}", o.to))?;
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(PEER_TIMEOUT))?;
+    let link = transport::client(stream, o.key.as_ref())
+        .with_context(|| format!("replication to {} stopped", o.to))?;
     let mut sender = Sender::new(o.config);
-    let result = sender.run(stream, &mut source, &mut store);
+    let result = sender.run(link, &mut source, &mut store);
     if o.stats {
         eprintln!("{}", serde_json::to_string_pretty(sender.summary())?);
     }
@@ -195,19 +214,33 @@ fn send(o: SendOptions) -> Result<()> {
     result.with_context(|| format!("replication to {} stopped", o.to))
 }
 
-fn receive(listen: &str, into: &str, once: bool) -> Result<()> {
+fn receive(listen: &str, into: &str, once: bool, key: Option<Key>) -> Result<()> {
     let listener =
         TcpListener::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
     eprintln!(
-        "dedupwire: receiving on {}, applying to the replica",
-        listener.local_addr()?
+        "dedupwire: receiving on {}{}, applying to the replica",
+        listener.local_addr()?,
+        match &key {
+            Some(key) => format!(" (encrypted, key id {})", key.id()),
+            None => " (INSECURE: plaintext, unauthenticated)".to_string(),
+        }
     );
     loop {
         let (stream, peer) = listener.accept().context("accepting a connection")?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(PEER_TIMEOUT))?;
+        let link = match transport::server(stream, key.as_ref()) {
+            Ok(link) => link,
+            Err(e) => {
+                eprintln!("dedupwire: {peer} refused: {e:#}");
+                if once {
+                    return Err(e.context(format!("the session with {peer} failed")));
+                }
+                continue;
+            }
+        };
         let mut receiver = Receiver::new(ReceiverConfig::default());
-        let result = receiver.run(stream, |stream| {
+        let result = receiver.run(link, |stream| {
             PgSink::connect(into, PgSinkConfig::with_stream(stream))
         });
         let s = receiver.summary();

@@ -5,7 +5,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod cmd_analyze;
+mod cmd_key;
 mod cmd_replicate;
+mod transport;
 
 #[derive(Parser)]
 #[command(
@@ -24,6 +26,8 @@ enum Cmd {
     Analyze(cmd_analyze::Args),
     /// Ship a database's change stream with similarity dedup (sDedup).
     Replicate(cmd_replicate::Args),
+    /// Make the shared key that authenticates and encrypts connections (`--key-file`).
+    Key(cmd_key::Args),
 }
 
 fn main() -> ExitCode {
@@ -31,6 +35,7 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Cmd::Analyze(a) => cmd_analyze::run(a),
         Cmd::Replicate(a) => cmd_replicate::run(a),
+        Cmd::Key(a) => cmd_key::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

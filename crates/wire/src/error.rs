@@ -13,10 +13,12 @@ pub enum Error {
     /// The underlying stream failed (other than by the peer going away).
     #[error("I/O error on the frame stream: {0}")]
     Io(#[source] io::Error),
-    /// The bytes are not a valid frame: bad magic, bad checksum, a frame type of 0.
+    /// The bytes are not a valid frame (bad magic, bad checksum, a frame type of 0), or an
+    /// encrypted message failed authentication (altered, replayed or reordered on the way).
     #[error("corrupt frame at byte {offset}: {detail}")]
     Corrupt {
-        /// Byte offset in the stream of the frame (or field) at fault.
+        /// Byte offset in the stream of the frame (or field) at fault; for an encrypted
+        /// message, its offset in the connection's (encrypted) bytes.
         offset: u64,
         /// What is wrong.
         detail: String,
@@ -54,6 +56,10 @@ pub enum Error {
     /// The peer sent an error frame: it stopped, and says why.
     #[error("the peer reported an error: {0}")]
     Remote(String),
+    /// The secure handshake failed: the peer does not hold the same key (or the handshake was
+    /// altered on the way).
+    #[error("authentication failed: {0}")]
+    Auth(String),
 }
 
 fn peer_closed_message(offset: u64, mid_frame: bool) -> String {
@@ -78,8 +84,33 @@ impl Error {
         matches!(self, Error::Timeout { .. })
     }
 
-    /// Maps an I/O error at `offset`: the peer going away becomes [`Error::PeerClosed`].
+    /// True when the secure handshake failed for want of the same key.
+    pub fn is_auth(&self) -> bool {
+        matches!(self, Error::Auth(_))
+    }
+
+    /// Maps an I/O error at `offset`: the peer going away becomes [`Error::PeerClosed`]. An
+    /// error of this crate carried inside the I/O error (from a [`crate::SecureStream`] under
+    /// the frames) comes out as itself, at the frame layer's offset when it is about the peer
+    /// going away or a timeout.
     pub(crate) fn from_io(e: io::Error, offset: u64, mid_frame: bool) -> Error {
+        if e.get_ref().is_some_and(|inner| inner.is::<Error>()) {
+            let inner = e
+                .into_inner()
+                .and_then(|inner| inner.downcast::<Error>().ok())
+                .expect("checked above");
+            return match *inner {
+                Error::PeerClosed { mid_frame: m, .. } => Error::PeerClosed {
+                    offset,
+                    mid_frame: mid_frame || m,
+                },
+                Error::Timeout { mid_frame: m, .. } => Error::Timeout {
+                    offset,
+                    mid_frame: mid_frame || m,
+                },
+                other => other,
+            };
+        }
         match e.kind() {
             io::ErrorKind::UnexpectedEof
             | io::ErrorKind::BrokenPipe
@@ -91,6 +122,17 @@ impl Error {
             }
             _ => Error::Io(e),
         }
+    }
+
+    /// This error as an I/O error (for `Read`/`Write` impls), recoverable by [`Error::from_io`].
+    pub(crate) fn into_io(self) -> io::Error {
+        let kind = match &self {
+            Error::PeerClosed { .. } => io::ErrorKind::UnexpectedEof,
+            Error::Timeout { .. } => io::ErrorKind::TimedOut,
+            Error::Io(e) => e.kind(),
+            _ => io::ErrorKind::InvalidData,
+        };
+        io::Error::new(kind, self)
     }
 }
 

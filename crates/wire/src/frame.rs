@@ -209,6 +209,9 @@ impl ReadState {
                 ),
             });
         }
+        if header[..3] == crate::secure::PREAMBLE[..3] {
+            return Err(Error::Protocol(crate::secure::SECURE_PEER.into()));
+        }
         if header[2] != VERSION {
             return Err(Error::Protocol(format!(
                 "the peer writes frame format version {} and this build reads version {VERSION}",

@@ -10,8 +10,9 @@
 //! from 0x10.
 //!
 //! The layer is blocking and works over any `Read + Write` ([`Framed`]) or over split halves
-//! ([`FrameReader`], [`FrameWriter`]); sessions, TLS and an async flavor build on the same
-//! format. The byte layout is in `crates/wire/FORMAT.md`.
+//! ([`FrameReader`], [`FrameWriter`]). Connections are encrypted and authenticated with a
+//! shared [`Key`] by wrapping the stream in a [`SecureStream`] (Noise, see [`secure`]) before
+//! framing it. The byte layout is in `crates/wire/FORMAT.md`.
 //!
 //! ```
 //! use dedupwire_wire::{FrameType, Framed, Hello};
@@ -31,6 +32,7 @@ pub mod env;
 mod error;
 pub mod frame;
 mod handshake;
+pub mod secure;
 pub mod store;
 
 pub use env::{EnvConfig, EnvStats, Environment};
@@ -39,4 +41,5 @@ pub use frame::{
     encode_frame, Frame, FrameConfig, FrameHead, FrameReader, FrameType, FrameWriter, Framed,
 };
 pub use handshake::{Agreement, Hello, HELLO_FORMAT, HELLO_MAGIC};
+pub use secure::{Key, KeyError, SecureStream};
 pub use store::{ChunkId, ChunkStore, MemoryStore, StoreError};
