@@ -92,7 +92,7 @@ pub const EXACT_UP_TO: u64 = 512 << 20;
 
 /// Batches each compressed stream samples by default on larger inputs, after the first
 /// [`FULL_RESIDUAL_BATCHES`]: enough for a standard error of about 1% on real data.
-pub const SAMPLED_BATCHES: u64 = 32;
+pub const SAMPLED_BATCHES: u64 = 16;
 
 /// The default `compress_every` for `bytes` of input: 1 (everything) up to
 /// [`EXACT_UP_TO`], then about [`SAMPLED_BATCHES`] batches per stream whatever the size, so

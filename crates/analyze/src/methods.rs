@@ -256,26 +256,37 @@ impl Runner for CompressRunner {
     }
 }
 
-/// Compresses a residual stream in batches: the first [`crate::FULL_RESIDUAL_BATCHES`] in
-/// full, then one batch in `every`, estimating the rest from the sampled ones' ratio. Bytes
-/// of batches that will not be sampled are only counted, never copied.
+/// Slices of every unsampled batch compressed as a proxy for the whole batch.
+const PROXY_SLICES: usize = 8;
+/// Bytes per proxy slice: 8 × 4 KiB = 1/128 of a batch.
+const PROXY_SLICE: usize = 4 << 10;
+
+/// Compresses a stream in 4 MiB batches: the first [`crate::FULL_RESIDUAL_BATCHES`] in full,
+/// then one batch in `every`, and estimates the rest with a **ratio estimator**: every batch
+/// also has a cheap proxy (eight 4 KiB slices spread over it, compressed together, 1/128 of the
+/// work), and the unsampled batches' output is their proxy times the sampled batches' ratio of
+/// output to proxy. Data whose compressibility swings from batch to batch (binaries, text,
+/// zeros in a disk image) then costs little accuracy. Bytes of unsampled batches are never
+/// copied except for the proxy slices.
 struct Residual {
     compressor: Compressor,
     buf: Vec<u8>,
-    /// Raw bytes in the current batch (copied into `buf` only when it is sampled).
+    proxy: Vec<u8>,
+    /// Raw bytes in the current batch.
     cur: usize,
     batches: u64,
     every: u64,
     /// Bytes in and out of the batches compressed in full.
     full: (u64, u64),
-    /// Raw bytes of all tail batches, of the sampled ones, and the sampled ones' output.
+    /// Raw bytes and summed proxy estimates of all tail batches.
     tail_raw: u64,
-    tail_raw_sampled: u64,
-    tail_out_sampled: u64,
-    tail_ratios: Vec<f64>,
+    tail_proxy: f64,
+    /// (proxy estimate, real output) of the sampled tail batches.
+    pairs: Vec<(f64, f64)>,
     tail_batches: u64,
     cpu_full: f64,
     cpu_tail: f64,
+    cpu_proxy: f64,
     /// Estimates absorbed from other streams: bytes, variance, CPU seconds.
     extra: (f64, f64, f64),
 }
@@ -285,28 +296,34 @@ impl Residual {
         Residual {
             compressor: Compressor::new(method),
             buf: Vec::new(),
+            proxy: Vec::new(),
             cur: 0,
             batches: 0,
             every: every.max(1),
             full: (0, 0),
             tail_raw: 0,
-            tail_raw_sampled: 0,
-            tail_out_sampled: 0,
-            tail_ratios: Vec::new(),
+            tail_proxy: 0.0,
+            pairs: Vec::new(),
             tail_batches: 0,
             cpu_full: 0.0,
             cpu_tail: 0.0,
+            cpu_proxy: 0.0,
             extra: (0.0, 0.0, 0.0),
         }
     }
 
+    /// CPU spent so far (on the full, sampled and proxy compression).
     fn cpu(&self) -> f64 {
-        self.cpu_full + self.cpu_tail + self.extra.2
+        self.cpu_full + self.cpu_tail + self.cpu_proxy + self.extra.2
     }
 
-    /// Whether the current batch will be compressed.
+    fn in_tail(&self) -> bool {
+        self.batches >= crate::FULL_RESIDUAL_BATCHES
+    }
+
+    /// Whether the current batch will be compressed in full.
     fn sampling(&self) -> bool {
-        self.batches < crate::FULL_RESIDUAL_BATCHES || self.tail_batches % self.every == 0
+        !self.in_tail() || self.tail_batches % self.every == 0
     }
 
     fn push(&mut self, mut data: &[u8]) {
@@ -314,6 +331,8 @@ impl Residual {
             let take = data.len().min(BATCH_BYTES - self.cur);
             if self.sampling() {
                 self.buf.extend_from_slice(&data[..take]);
+            } else if self.every > 1 {
+                self.copy_proxy(&data[..take]);
             }
             self.cur += take;
             data = &data[take..];
@@ -323,12 +342,27 @@ impl Residual {
         }
     }
 
+    /// Copies the parts of `data` (at batch offset `self.cur`) that fall in proxy slices.
+    fn copy_proxy(&mut self, data: &[u8]) {
+        let stride = BATCH_BYTES / PROXY_SLICES;
+        let (from, to) = (self.cur, self.cur + data.len());
+        let mut k = from / stride;
+        while k * stride < to {
+            let (s, e) = (k * stride, k * stride + PROXY_SLICE);
+            let (s, e) = (s.max(from), e.min(to));
+            if s < e {
+                self.proxy.extend_from_slice(&data[s - from..e - from]);
+            }
+            k += 1;
+        }
+    }
+
     fn flush(&mut self) {
         if self.cur == 0 {
             return;
         }
         let raw = self.cur as u64;
-        if self.batches < crate::FULL_RESIDUAL_BATCHES {
+        if !self.in_tail() {
             let out = charge(&mut self.cpu_full, || {
                 self.compressor.compress(&self.buf).len() as u64
             });
@@ -336,19 +370,40 @@ impl Residual {
             self.full.1 += out;
         } else {
             self.tail_raw += raw;
-            if self.tail_batches % self.every == 0 {
+            let sampled = self.tail_batches % self.every == 0;
+            if sampled && self.every > 1 {
+                let mut at = 0;
+                self.cur = 0;
+                let buf = std::mem::take(&mut self.buf);
+                while at < buf.len() {
+                    let end = (at + BATCH_BYTES / PROXY_SLICES).min(buf.len());
+                    self.copy_proxy(&buf[at..end]);
+                    self.cur = end;
+                    at = end;
+                }
+                self.buf = buf;
+            }
+            let proxy = if self.every > 1 {
+                let (p, len) = (&self.proxy, self.proxy.len());
+                let c = &mut self.compressor;
+                let out = charge(&mut self.cpu_proxy, || c.compress(p).len());
+                out as f64 / len.max(1) as f64 * raw as f64
+            } else {
+                0.0
+            };
+            self.tail_proxy += proxy;
+            if sampled {
                 let out = charge(&mut self.cpu_tail, || {
                     self.compressor.compress(&self.buf).len() as u64
                 });
-                self.tail_raw_sampled += raw;
-                self.tail_out_sampled += out;
-                self.tail_ratios.push(out as f64 / raw as f64);
+                self.pairs.push((proxy, out as f64));
             }
             self.tail_batches += 1;
         }
         self.batches += 1;
         self.cur = 0;
         self.buf.clear();
+        self.proxy.clear();
     }
 
     /// Adds another stream's estimate (an item too large to buffer, compressed on its own).
@@ -364,38 +419,38 @@ impl Residual {
     fn estimate(&mut self) -> (u64, f64, f64) {
         self.flush();
         let (xb, xvar, xcpu) = self.extra;
-        if self.tail_raw_sampled == 0 {
-            let est = self.full.1 as f64 + xb;
-            return (
-                est.round() as u64,
-                xvar.sqrt() / est.max(1.0),
-                self.cpu_full + xcpu,
-            );
-        }
-        let scale = self.tail_raw as f64 / self.tail_raw_sampled as f64;
-        let tail = self.tail_out_sampled as f64 * scale;
-        let est = self.full.1 as f64 + tail + xb;
-        let n = self.tail_ratios.len() as f64;
-        let tail_se = if n > 1.0 {
-            let mean = self.tail_ratios.iter().sum::<f64>() / n;
-            let var = self
-                .tail_ratios
-                .iter()
-                .map(|r| (r - mean).powi(2))
-                .sum::<f64>()
-                / (n - 1.0);
-            let fpc = (1.0 - n / self.tail_batches as f64).max(0.0);
-            (var / n * fpc).sqrt() * self.tail_raw as f64
-        } else if self.tail_batches > 1 {
-            // One sample cannot show its own spread: assume the worst plausible, ±50%.
-            0.5 * tail
+        let n = self.pairs.len() as f64;
+        let big_n = self.tail_batches as f64;
+        let (tail, tail_var, tail_cpu) = if n == big_n {
+            let y: f64 = self.pairs.iter().map(|p| p.1).sum();
+            (y, 0.0, self.cpu_tail)
         } else {
-            0.0
+            let (sx, sy) = self
+                .pairs
+                .iter()
+                .fold((0.0, 0.0), |(a, b), p| (a + p.0, b + p.1));
+            let r = sy / sx.max(1.0);
+            let tail = r * self.tail_proxy;
+            let var = if n > 1.0 {
+                let sd2 = self
+                    .pairs
+                    .iter()
+                    .map(|p| (p.1 - r * p.0).powi(2))
+                    .sum::<f64>()
+                    / (n - 1.0);
+                big_n * big_n * (1.0 - n / big_n).max(0.0) / n * sd2
+            } else {
+                // One sample cannot show its own spread: assume the worst plausible, ±50%.
+                (0.5 * tail).powi(2)
+            };
+            let scale = big_n / n.max(1.0);
+            (tail, var, self.cpu_tail * scale)
         };
+        let est = self.full.1 as f64 + tail + xb;
         (
             est.round() as u64,
-            (tail_se.powi(2) + xvar).sqrt() / est.max(1.0),
-            self.cpu_full + self.cpu_tail * scale + xcpu,
+            (tail_var + xvar).sqrt() / est.max(1.0),
+            self.cpu_full + tail_cpu + xcpu,
         )
     }
 }
@@ -741,36 +796,80 @@ struct SimilarityRunner {
     image: Option<usize>,
     local: [Option<SimScope>; 2],
     global: [Option<SimScope>; 2],
-    local_done: [(u64, u64, u64, f64); 2],
+    local_done: [SimTotals; 2],
     input_bytes: u64,
 }
 
+/// One scope of the similarity method: the real pipeline without compression, its frames
+/// then compressed (sampled on large inputs) like a residual stream.
 struct SimScope {
     encoder: Encoder,
+    residual: Residual,
+    sink: Vec<u8>,
     cpu: f64,
     peak_index: u64,
 }
 
 impl SimScope {
-    fn new(config: PipelineConfig) -> Self {
+    fn new(config: PipelineConfig, every: u64, on_top: Compression) -> Self {
+        let config = PipelineConfig {
+            compression: Compression::None,
+            ..config
+        };
         SimScope {
             encoder: Encoder::new(config).expect("built-in configurations are valid"),
+            residual: Residual::new(every, on_top),
+            sink: Vec::new(),
             cpu: 0.0,
             peak_index: 0,
         }
     }
 
     fn feed(&mut self, items: &[&[u8]]) {
-        let mut sink = Vec::new();
-        let enc = &mut self.encoder;
-        charge(&mut self.cpu, || enc.encode_frame(items, &mut sink));
+        let (enc, sink) = (&mut self.encoder, &mut self.sink);
+        sink.clear();
+        charge(&mut self.cpu, || enc.encode_frame(items, sink));
+        self.residual.push(&self.sink);
         self.peak_index = self.peak_index.max(self.encoder.index_bytes());
     }
 
-    /// (raw bytes, compressed bytes, index bytes, cpu)
-    fn totals(&self) -> (u64, u64, u64, f64) {
+    /// Raw bytes, compressed bytes (estimated), their relative error, index bytes, CPU
+    /// without compression, and CPU of compressing everything.
+    fn totals(&mut self) -> SimTotals {
         let s = self.encoder.stats();
-        (s.raw_bytes, s.output_bytes, self.peak_index, self.cpu)
+        let (z, rel, zcpu) = self.residual.estimate();
+        SimTotals {
+            raw: s.raw_bytes,
+            z,
+            z_var: (rel * z as f64).powi(2),
+            index: self.peak_index,
+            cpu: self.cpu,
+            z_cpu: zcpu,
+        }
+    }
+}
+
+/// What a similarity scope measured (summed over item kinds and images).
+#[derive(Debug, Clone, Copy, Default)]
+struct SimTotals {
+    raw: u64,
+    z: u64,
+    z_var: f64,
+    index: u64,
+    cpu: f64,
+    z_cpu: f64,
+}
+
+impl SimTotals {
+    fn add(self, o: SimTotals, index: fn(u64, u64) -> u64) -> SimTotals {
+        SimTotals {
+            raw: self.raw + o.raw,
+            z: self.z + o.z,
+            z_var: self.z_var + o.z_var,
+            index: index(self.index, o.index),
+            cpu: self.cpu + o.cpu,
+            z_cpu: self.z_cpu + o.z_cpu,
+        }
     }
 }
 
@@ -788,7 +887,7 @@ impl SimilarityRunner {
             image: None,
             local: [None, None],
             global: [None, None],
-            local_done: [(0, 0, 0, 0.0); 2],
+            local_done: [SimTotals::default(); 2],
             input_bytes: 0,
         })
     }
@@ -807,10 +906,9 @@ impl SimilarityRunner {
 
     fn retire_local(&mut self) {
         for slot in 0..2 {
-            if let Some(s) = self.local[slot].take() {
-                let (r, z, i, c) = s.totals();
-                let d = &mut self.local_done[slot];
-                *d = (d.0 + r, d.1 + z, d.2.max(i), d.3 + c);
+            if let Some(mut s) = self.local[slot].take() {
+                // Images are analyzed one after another: index memory is the largest, not the sum.
+                self.local_done[slot] = self.local_done[slot].add(s.totals(), u64::max);
             }
         }
     }
@@ -826,31 +924,24 @@ impl Runner for SimilarityRunner {
         let slot = kind_slot(batch.kind);
         let items: Vec<&[u8]> = batch.pieces.iter().map(|p| batch.bytes(p)).collect();
         let config = self.config(batch.kind);
+        let (every, on_top) = (self.opts.compress_every, self.opts.on_top);
         self.local[slot]
-            .get_or_insert_with(|| SimScope::new(config))
+            .get_or_insert_with(|| SimScope::new(config, every, on_top))
             .feed(&items);
         if self.opts.several_images {
             self.global[slot]
-                .get_or_insert_with(|| SimScope::new(config))
+                .get_or_insert_with(|| SimScope::new(config, every, on_top))
                 .feed(&items);
         }
     }
 
     fn finish(mut self: Box<Self>) -> Vec<Measured> {
         self.retire_local();
-        let global: [(u64, u64, u64, f64); 2] =
-            std::array::from_fn(|slot| match &self.global[slot] {
-                Some(s) => s.totals(),
-                None => self.local_done[slot],
-            });
-        let sum = |t: &[(u64, u64, u64, f64); 2]| {
-            (
-                t[0].0 + t[1].0,
-                t[0].1 + t[1].1,
-                t[0].2 + t[1].2,
-                t[0].3 + t[1].3,
-            )
-        };
+        let global: [SimTotals; 2] = std::array::from_fn(|slot| match &mut self.global[slot] {
+            Some(s) => s.totals(),
+            None => self.local_done[slot],
+        });
+        let sum = |t: &[SimTotals; 2]| t[0].add(t[1], |a, b| a + b);
         let on_top = short(self.opts.on_top);
         let params = serde_json::json!({
             "documents": { "chunker": "whole", "similarity": "sketch", "k": 8, "delta": "sampled" },
@@ -859,15 +950,14 @@ impl Runner for SimilarityRunner {
         });
         let mut out = Vec::new();
         for (scope, t) in [("local", sum(&self.local_done)), ("global", sum(&global))] {
-            let (raw, z, index, cpu) = t;
             out.push(Measured {
                 name: "similarity".into(),
                 family: "similarity".into(),
                 scope,
                 params: params.clone(),
-                output_bytes: raw,
-                index_bytes: index,
-                cpu_seconds: cpu,
+                output_bytes: t.raw,
+                index_bytes: t.index,
+                cpu_seconds: t.cpu,
                 rel_error: 0.0,
             });
             out.push(Measured {
@@ -875,10 +965,10 @@ impl Runner for SimilarityRunner {
                 family: format!("similarity+{on_top}"),
                 scope,
                 params: params.clone(),
-                output_bytes: z,
-                index_bytes: index,
-                cpu_seconds: cpu,
-                rel_error: 0.0,
+                output_bytes: t.z,
+                index_bytes: t.index,
+                cpu_seconds: t.cpu + t.z_cpu,
+                rel_error: t.z_var.sqrt() / t.z.max(1) as f64,
             });
         }
         out

@@ -32,7 +32,7 @@ pub struct Args {
     compression: String,
     /// After the first 16 MiB of each compressed stream, compress 1 batch (4 MiB) in N and
     /// extrapolate, stating the error; 1 compresses everything [default: everything up to
-    /// 512 MiB of input, then about 32 sampled batches per stream].
+    /// 512 MiB of input, then about 16 sampled batches per stream].
     #[arg(long, value_name = "N")]
     sample: Option<u64>,
     /// Exact dedup indexes 1 chunk in N, chosen by content, and scales up, stating the error
