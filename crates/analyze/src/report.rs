@@ -73,6 +73,7 @@ pub(crate) fn build(
     opts: &Options,
     compress_every: u64,
     chunk_sample: u64,
+    quick_sweep: bool,
     elapsed_s: f64,
 ) -> Report {
     let input_bytes: u64 = images.iter().map(|i| i.input_bytes).sum();
@@ -102,6 +103,12 @@ pub(crate) fn build(
         "speed is input MB per CPU second of one core on this machine; local scope deduplicates each image alone, global pools all images".into(),
         format!("similarity + delta uses a window of {} MiB of recent data as delta sources", opts.window_bytes >> 20),
     ];
+    if quick_sweep {
+        notes.push(format!(
+            "the input is over {} GiB, so exact dedup was measured at five chunk sizes (1, 4, 16, 64, 128 KiB); --methods all measures all eight",
+            crate::FULL_SWEEP_UP_TO >> 30
+        ));
+    }
     if chunk_sample > 1 {
         notes.push(format!(
             "exact dedup indexed 1 chunk in {chunk_sample}, chosen by content (every copy of a sampled chunk is sampled), and scaled up; rel_error includes this sampling error; +zstd lines compress the sampled chunks without their neighbours and overstate the output (by 20-60% on source trees): read them as upper bounds"

@@ -75,6 +75,37 @@ proptest! {
     }
 
     #[test]
+    fn prepared_work_shared_by_two_encoders_changes_nothing(items in revisions(), split in 0usize..12) {
+        use dedupwire_engine::pipeline::{Encoder, Prepared};
+        for config in configs() {
+            let batches: Vec<Vec<&[u8]>> = items
+                .chunks(split % items.len().max(1) + 1)
+                .map(|b| b.iter().map(Vec::as_slice).collect())
+                .collect();
+            let (mut plain, mut a, mut b) = (
+                Encoder::new(config).unwrap(),
+                Encoder::new(config).unwrap(),
+                Encoder::new(config).unwrap(),
+            );
+            let (mut out_plain, mut out_a, mut out_b) = (Vec::new(), Vec::new(), Vec::new());
+            let mut prepared = Prepared::default();
+            for batch in &batches {
+                plain.encode_frame(batch, &mut out_plain);
+                a.prepare(batch, &mut prepared);
+                a.encode_prepared(batch, &prepared, &mut out_a);
+                b.encode_prepared(batch, &prepared, &mut out_b);
+            }
+            prop_assert_eq!(&out_a, &out_plain);
+            prop_assert_eq!(&out_b, &out_plain);
+            if let Some(first) = batches.first() {
+                // Work prepared for other items is not trusted: it is redone.
+                let mut stale = Vec::new();
+                b.encode_prepared(&first[..first.len().saturating_sub(1)], &prepared, &mut stale);
+            }
+        }
+    }
+
+    #[test]
     fn damage_is_an_error_never_a_wrong_item(items in revisions(), at: usize, xor in 1u8..=255) {
         for config in configs() {
             let mut stream = encode_all(config, items.iter().map(Vec::as_slice), 2000).unwrap();

@@ -61,7 +61,57 @@ pub struct Encoder {
     payload: Vec<u8>,
     body: Vec<u8>,
     scratch: Vec<u8>,
-    unit_lens: Vec<usize>,
+    prepared: Prepared,
+}
+
+/// Cuts, fingerprints and similarity features of a batch of items: see [`Encoder::prepare`].
+#[derive(Debug, Default, Clone)]
+pub struct Prepared {
+    counts: Vec<u32>,
+    lens: Vec<u32>,
+    fps: Vec<Fingerprint>,
+    /// End offsets in `feats` of each unit's features (when `with_features`).
+    offs: Vec<u32>,
+    feats: Vec<u64>,
+    with_features: bool,
+}
+
+impl Prepared {
+    fn clear(&mut self) {
+        self.counts.clear();
+        self.lens.clear();
+        self.fps.clear();
+        self.offs.clear();
+        self.feats.clear();
+        self.with_features = false;
+    }
+
+    fn features(&self, unit: usize) -> Option<&[u64]> {
+        if !self.with_features {
+            return None;
+        }
+        let start = if unit == 0 { 0 } else { self.offs[unit - 1] } as usize;
+        Some(&self.feats[start..self.offs[unit] as usize])
+    }
+
+    /// Whether these cuts add up to `items`.
+    fn describes(&self, items: &[&[u8]]) -> bool {
+        if self.counts.len() != items.len() {
+            return false;
+        }
+        let mut u = 0;
+        for (item, &count) in items.iter().zip(&self.counts) {
+            let end = u + count as usize;
+            let Some(lens) = self.lens.get(u..end) else {
+                return false;
+            };
+            if lens.iter().map(|&l| l as u64).sum::<u64>() != item.len() as u64 {
+                return false;
+            }
+            u = end;
+        }
+        u == self.lens.len() && self.fps.len() == u && (!self.with_features || self.offs.len() == u)
+    }
 }
 
 impl Encoder {
@@ -80,7 +130,7 @@ impl Encoder {
             payload: Vec::new(),
             body: Vec::new(),
             scratch: Vec::new(),
-            unit_lens: Vec::new(),
+            prepared: Prepared::default(),
             config,
         })
     }
@@ -99,21 +149,63 @@ impl Encoder {
 
     /// Encodes one batch of items as one frame appended to `out`.
     pub fn encode_frame(&mut self, items: &[&[u8]], out: &mut Vec<u8>) {
+        let mut prepared = std::mem::take(&mut self.prepared);
+        self.prepare_into(items, false, &mut prepared);
+        self.encode_prepared(items, &prepared, out);
+        self.prepared = prepared;
+    }
+
+    /// The content-only work of encoding `items` (cuts, fingerprints, similarity features),
+    /// for [`Encoder::encode_prepared`] on this or any encoder with the same configuration:
+    /// several encoders fed the same items (an analysis comparing scopes) then do it once.
+    pub fn prepare(&mut self, items: &[&[u8]], prepared: &mut Prepared) {
+        self.prepare_into(items, true, prepared);
+    }
+
+    fn prepare_into(&mut self, items: &[&[u8]], features: bool, p: &mut Prepared) {
+        p.clear();
+        for item in items {
+            let before = p.lens.len();
+            p.lens
+                .extend(chunks(self.chunker.as_ref(), item).map(|u| u.len() as u32));
+            p.counts.push((p.lens.len() - before) as u32);
+            let mut at = 0;
+            for i in before..p.lens.len() {
+                let unit = &item[at..at + p.lens[i] as usize];
+                at += unit.len();
+                p.fps.push(self.fingerprinter.fingerprint(unit));
+                if features {
+                    let f = self.features(unit);
+                    p.feats.extend_from_slice(&f);
+                    p.offs.push(p.feats.len() as u32);
+                }
+            }
+        }
+        p.with_features = features;
+    }
+
+    /// Encodes `items` as one frame appended to `out`, with the work of [`Encoder::prepare`]
+    /// (redone here if `prepared` does not describe `items`).
+    pub fn encode_prepared(&mut self, items: &[&[u8]], prepared: &Prepared, out: &mut Vec<u8>) {
+        if !prepared.describes(items) {
+            let mut fresh = Prepared::default();
+            self.prepare_into(items, false, &mut fresh);
+            return self.encode_prepared(items, &fresh, out);
+        }
         self.ops.clear();
         self.payload.clear();
         let mut content = Xxh3::new();
         varint::put(&mut self.ops, items.len() as u64);
-        for item in items {
+        let mut u = 0;
+        for (item, &count) in items.iter().zip(&prepared.counts) {
             content.update(item);
-            self.unit_lens.clear();
-            self.unit_lens
-                .extend(chunks(self.chunker.as_ref(), item).map(<[u8]>::len));
-            varint::put(&mut self.ops, self.unit_lens.len() as u64);
+            varint::put(&mut self.ops, count as u64);
             let mut at = 0;
-            for i in 0..self.unit_lens.len() {
-                let len = self.unit_lens[i];
-                self.encode_unit(&item[at..at + len]);
+            for _ in 0..count {
+                let len = prepared.lens[u] as usize;
+                self.encode_unit(&item[at..at + len], prepared.fps[u], prepared.features(u));
                 at += len;
+                u += 1;
             }
             self.stats.items += 1;
             self.stats.input_bytes += item.len() as u64;
@@ -123,6 +215,14 @@ impl Encoder {
         self.body.extend_from_slice(&self.ops);
         self.body.extend_from_slice(&self.payload);
         self.write_frame(content.digest(), out);
+    }
+
+    fn features(&self, unit: &[u8]) -> Vec<u64> {
+        match self.config.similarity {
+            Similarity::None => Vec::new(),
+            Similarity::Sketch(c) => c.sketch(unit),
+            Similarity::SuperFeatures(c) => c.super_features(unit),
+        }
     }
 
     fn write_frame(&mut self, content_hash: u64, out: &mut Vec<u8>) {
@@ -145,9 +245,8 @@ impl Encoder {
         self.stats.output_bytes += (out.len() - start) as u64;
     }
 
-    fn encode_unit(&mut self, unit: &[u8]) {
+    fn encode_unit(&mut self, unit: &[u8], fp: Fingerprint, features: Option<&[u64]>) {
         self.stats.units += 1;
-        let fp = self.fingerprinter.fingerprint(unit);
         let next = self.window.next_id();
         if let Some(&id) = self.exact.get(&fp) {
             if self
@@ -162,12 +261,15 @@ impl Encoder {
                 return;
             }
         }
-        let features = match self.config.similarity {
-            Similarity::None => Vec::new(),
-            Similarity::Sketch(c) => c.sketch(unit),
-            Similarity::SuperFeatures(c) => c.super_features(unit),
+        let computed;
+        let features = match features {
+            Some(f) => f,
+            None => {
+                computed = self.features(unit);
+                &computed[..]
+            }
         };
-        if !self.try_delta(unit, &features, next) {
+        if !self.try_delta(unit, features, next) {
             self.ops.push(OP_LITERAL);
             varint::put(&mut self.ops, unit.len() as u64);
             self.payload.extend_from_slice(unit);
@@ -177,7 +279,7 @@ impl Encoder {
         let id = self.window.push(unit.to_vec());
         self.exact.insert(fp, id);
         if !features.is_empty() {
-            self.candidates.insert(id, &features);
+            self.candidates.insert(id, features);
         }
     }
 

@@ -20,7 +20,7 @@ mod format;
 mod window;
 
 pub use self::decoder::Decoder;
-pub use self::encoder::{EncodeStats, Encoder};
+pub use self::encoder::{EncodeStats, Encoder, Prepared};
 
 use serde::{Deserialize, Serialize};
 
