@@ -2,11 +2,12 @@
 # Every benchmark, ours and the peers side by side in one run; tables on stdout, JSON in
 # target/bench-results/. The machine is shared and noisy: each figure is a median of runs.
 #   bench/run.sh                 all benchmarks
-#   bench/run.sh chunking delta  some of them (chunking, delta, reduction, analyze, replicate, env, secure)
+#   bench/run.sh chunking delta  some of them (chunking, delta, reduction, analyze, analyze-images,
+#                                replicate, env, secure)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=("$@")
-[ ${#which[@]} -gt 0 ] || which=(chunking delta reduction analyze replicate env secure)
+[ ${#which[@]} -gt 0 ] || which=(chunking delta reduction analyze analyze-images replicate env secure)
 command -v xdelta3 >/dev/null || { apt-get update -qq && apt-get install -y -qq xdelta3 >/dev/null; }
 data=$(bash bench/fetch-data.sh | tail -n 1)
 cargo build --release -q -p dedupwire-bench -p dedupwire-cli
@@ -49,6 +50,50 @@ print(f"analyze ({sys.argv[6]}): {mb:.0f} MB, {len(r['methods'])} method lines, 
       f" reading the same files (tar | cat): {mb / (c1 - c0):.0f} MB/s")
 PY
       done
+      ;;
+    analyze-images)
+      # A few GB of real data: five Debian snapshots (debootstrap, bench/make-images.sh).
+      # Three rounds, each: drop the page cache, read the images (disk speed), drop it again,
+      # analyze them with the defaults. Medians; ratio > 1 means the analysis kept up with
+      # the disk. ACCURACY=1 also compares with an unsampled run (about ten minutes).
+      bash bench/make-images.sh
+      imgs=(target/bench-data/images/img-*.tar)
+      drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || echo "(cannot drop the page cache: reads may be warm)" >&2; }
+      rounds=()
+      for r in 1 2 3; do
+        drop; c0=$(date +%s.%N); cat "${imgs[@]}" > /dev/null; c1=$(date +%s.%N)
+        drop; t0=$(date +%s.%N)
+        ./target/release/dedupwire analyze "${imgs[@]}" --json "$out/analyze-images.json" \
+          --html "$out/analyze-images.html" -q
+        t1=$(date +%s.%N)
+        rounds+=("$c0,$c1,$t0,$t1")
+      done
+      if [ "${ACCURACY:-0}" = 1 ]; then
+        ./target/release/dedupwire analyze "${imgs[@]}" --sample 1 --json "$out/analyze-images-full.json" -q
+      fi
+      python3 - "$out" "${rounds[@]}" <<'PY'
+import json, os, statistics, sys
+out = sys.argv[1]
+r = json.load(open(f"{out}/analyze-images.json"))
+mb = r['input_bytes'] / 1e6
+reads, runs = [], []
+for t in sys.argv[2:]:
+    c0, c1, t0, t1 = map(float, t.split(','))
+    reads.append(mb / (c1 - c0)); runs.append(mb / (t1 - t0))
+disk, ana = statistics.median(reads), statistics.median(runs)
+print(f"analyze-images: {mb:.0f} MB in {len(r['images'])} images, {len(r['methods'])} method lines")
+print(f"  cold read (cat):  {disk:.0f} MB/s median of {reads and [round(x) for x in reads]}")
+print(f"  dedupwire analyze: {ana:.0f} MB/s median of {[round(x) for x in runs]}  = {ana / disk:.2f} x disk speed")
+errs = sorted(m['rel_error'] for m in r['methods'] if m['rel_error'] > 0)
+if errs:
+    print(f"  stated relative error of sampled lines: median {statistics.median(errs):.3f}, max {max(errs):.3f}")
+full = f"{out}/analyze-images-full.json"
+if os.path.exists(full):
+    f = {(m['name'], m['scope']): m['output_bytes'] for m in json.load(open(full))['methods']}
+    devs = [abs(m['output_bytes'] - f[(m['name'], m['scope'])]) / f[(m['name'], m['scope'])]
+            for m in r['methods'] if (m['name'], m['scope']) in f and m['rel_error'] > 0]
+    print(f"  vs unsampled: median |deviation| {statistics.median(devs):.3f}, max {max(devs):.3f}")
+PY
       ;;
     *) echo "unknown benchmark $b" >&2; exit 2 ;;
   esac
