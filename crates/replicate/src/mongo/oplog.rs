@@ -43,9 +43,8 @@ pub(crate) fn replicated(ns: &str, database: Option<&str>) -> bool {
     let Some((db, coll)) = split_ns(ns) else {
         return false;
     };
-    !SYSTEM_DATABASES.contains(&db)
-        && !(db == POSITION_DATABASE && coll == POSITION_COLLECTION)
-        && database.is_none_or(|d| d == db)
+    let ours = db == POSITION_DATABASE && coll == POSITION_COLLECTION;
+    !ours && !SYSTEM_DATABASES.contains(&db) && database.is_none_or(|d| d == db)
 }
 
 /// An entry, abbreviated for messages.

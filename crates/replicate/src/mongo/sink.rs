@@ -40,6 +40,9 @@ impl std::fmt::Debug for MongoSink {
     }
 }
 
+/// A document's `_id` and final state in a batch (`None`: deleted).
+type Final<'a> = (&'a Bson, Option<&'a Document>);
+
 /// A change's target and final state, checked.
 struct Write {
     db: String,
@@ -128,12 +131,7 @@ impl MongoSink {
     }
 
     /// Upserts and deletes the final states of one collection, a few commands' worth at a time.
-    fn apply_collection(
-        &self,
-        db: &str,
-        coll: &str,
-        finals: &[(&Bson, Option<&Document>)],
-    ) -> Result<(), MongoError> {
+    fn apply_collection(&self, db: &str, coll: &str, finals: &[Final]) -> Result<(), MongoError> {
         let database = self.client.database(db);
         let mut updates: Vec<Document> = Vec::new();
         let mut deletes: Vec<Document> = Vec::new();
@@ -208,8 +206,7 @@ impl ChangeSink for MongoSink {
             return Ok(());
         };
         let mut order: Vec<(&str, &str)> = Vec::new();
-        let mut finals: HashMap<(&str, &str), HashMap<&str, (&Bson, Option<&Document>)>> =
-            HashMap::new();
+        let mut finals: HashMap<(&str, &str), HashMap<&str, Final>> = HashMap::new();
         for (c, w) in &fresh {
             let key = (w.db.as_str(), w.coll.as_str());
             finals
@@ -221,7 +218,7 @@ impl ChangeSink for MongoSink {
                 .insert(c.id.as_str(), (&w.id, w.doc.as_ref()));
         }
         for key in order {
-            let docs: Vec<(&Bson, Option<&Document>)> = finals[&key].values().copied().collect();
+            let docs: Vec<Final> = finals[&key].values().copied().collect();
             self.apply_collection(key.0, key.1, &docs)?;
         }
         self.positions
