@@ -39,8 +39,9 @@ enum Cmd {
     },
     /// Decode an sDedup stream (stdin) back into the exact JSON lines (stdout).
     Decode,
-    /// Tail a PostgreSQL database's document tables (logical decoding with wal2json) and ship
-    /// the changes to a `replicate receive`, delta-encoded against similar documents.
+    /// Tail a PostgreSQL database's document tables (logical decoding with wal2json) or a
+    /// MongoDB server's oplog and ship the changes to a `replicate receive`, delta-encoded
+    /// against similar documents.
     ///
     /// Resumes after the receiver's applied position; the slot only releases what the
     /// receiver has applied. Exits non-zero when the connection or the source fails.

@@ -89,6 +89,17 @@ pub enum MongoError {
     /// The server is not set up for tailing (no oplog, oplog rolled past the position).
     #[error("MongoDB setup: {0}")]
     Setup(String),
+    /// The server refused some of a write command's statements.
+    #[error("MongoDB {context} was refused: {detail}")]
+    Rejected {
+        /// What was being done.
+        context: String,
+        /// The server's write errors, as JSON.
+        detail: String,
+    },
+    /// A server's reply lacks what the command promises (a cursor without an id, a batch).
+    #[error("unexpected MongoDB reply: {0}")]
+    Reply(String),
     /// An oplog entry this adapter cannot turn into a document change.
     #[error("oplog entry {entry}: {problem}")]
     Entry {

@@ -121,11 +121,15 @@ impl MongoSink {
             .run_command(command)
             .run()
             .map_err(command_err(context))?;
-        match reply.get_array("writeErrors") {
-            Ok(errors) if !errors.is_empty() => Err(MongoError::Setup(format!(
-                "{context}: {}",
-                Bson::Array(errors.clone()).into_relaxed_extjson()
-            ))),
+        let failed = |what: &Bson| MongoError::Rejected {
+            context: context.to_string(),
+            detail: what.clone().into_relaxed_extjson().to_string(),
+        };
+        match (reply.get("writeErrors"), reply.get("writeConcernError")) {
+            (Some(Bson::Array(errors)), _) if !errors.is_empty() => {
+                Err(failed(&Bson::Array(errors.clone())))
+            }
+            (_, Some(error)) => Err(failed(error)),
             _ => Ok(()),
         }
     }
@@ -184,7 +188,7 @@ impl ChangeSink for MongoSink {
         let Some(found) = found else { return Ok(None) };
         match found.get("pos") {
             Some(Bson::Int64(pos)) => Ok(Some(*pos as u64)),
-            _ => Err(MongoError::Setup(format!(
+            _ => Err(MongoError::Reply(format!(
                 "{POSITION_DATABASE}.{POSITION_COLLECTION} {:?} has no Int64 `pos`",
                 self.stream
             ))),

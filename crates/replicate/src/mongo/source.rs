@@ -160,7 +160,7 @@ impl MongoSource {
 
     /// The cursor's documents in `reply` (`firstBatch` or `nextBatch`); forgets a dead cursor.
     fn take_batch(&mut self, mut reply: Document, field: &str) -> Result<Vec<Bson>, MongoError> {
-        let bad = |problem: &str| MongoError::Setup(format!("a cursor reply {problem}"));
+        let bad = |problem: &str| MongoError::Reply(format!("a cursor reply {problem}"));
         let cursor = reply
             .get_document_mut("cursor")
             .map_err(|_| bad("without `cursor`"))?;
@@ -217,7 +217,11 @@ impl MongoSource {
                 return Ok(());
             }
             for entry in batch {
-                self.take_entry(entry)?;
+                if let Err(e) = self.take_entry(entry) {
+                    // The rest of the batch is read again, from the last entry taken.
+                    self.kill_cursor();
+                    return Err(e);
+                }
             }
             if self.cursor.is_none() {
                 return Ok(());
