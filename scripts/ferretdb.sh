@@ -3,7 +3,8 @@
 # Go module proxy into a cache; does nothing when the binary is already there. Prints its path.
 # `go install …@v1.24.0` is refused for this module, so: download the module, copy it somewhere
 # writable, stamp the version file its build expects, and build ./cmd/ferretdb.
-# Usage: scripts/ferretdb.sh [OUTPUT]   (default target/ferretdb/ferretdb)
+# Usage: scripts/ferretdb.sh [OUTPUT]   (relative to the repository; default
+#   target/ferretdb/ferretdb). About a minute with Go's caches cold, seconds with them warm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version=v1.24.0
@@ -14,7 +15,8 @@ if [ -x "$out" ]; then
 fi
 go=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
 [ -x "$go" ] || { echo "ferretdb.sh: no Go toolchain (set GO=/path/to/go)" >&2; exit 1; }
-dir=$(cd "$(dirname "$out")" 2>/dev/null || mkdir -p "$(dirname "$out")"; cd "$(dirname "$out")" && pwd)
+mkdir -p "$(dirname "$out")"
+dir=$(cd "$(dirname "$out")" && pwd)
 work=$(mktemp -d "$dir/build.XXXXXX")
 trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
 module=$(cd "$work" && GOFLAGS=-mod=mod "$go" mod download -json "github.com/FerretDB/FerretDB@$version" |
