@@ -484,3 +484,39 @@ fn a_replay_after_a_crash_before_the_position_converges() {
         .unwrap();
     assert!(doc_text(&first).starts_with(b"{\"_id\":"));
 }
+
+/// A batch rewriting many existing documents applies (FerretDB v1 holds a connection per
+/// update statement until its command ends; the sink keeps its commands small enough).
+#[test]
+fn a_batch_rewriting_many_documents_applies() {
+    let Some(rep) = start() else { return };
+    let mut sink = MongoSink::connect(&rep.url(""), STREAM).unwrap();
+    let batch = |first_pos: u64, op: Op, rev: i64| -> Vec<Change> {
+        (0..250i64)
+            .map(|i| {
+                let d = doc! {"_id": i, "rev": rev, "text": format!("document {i}")};
+                Change {
+                    pos: first_pos + i as u64,
+                    op,
+                    collection: format!("{DB}.{COLL}"),
+                    id: dedupwire_replicate::mongo::id_text(&Bson::Int64(i)),
+                    doc: Some(doc_text(&d)),
+                }
+            })
+            .collect()
+    };
+    sink.apply(&batch(1, Op::Insert, 1)).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let rewrite = batch(1000, Op::Update, 2);
+    let url = rep.url("");
+    thread::spawn(move || {
+        let mut sink = MongoSink::connect(&url, STREAM).unwrap();
+        tx.send(sink.apply(&rewrite).map_err(|e| e.to_string()))
+            .unwrap();
+    });
+    rx.recv_timeout(Duration::from_secs(120))
+        .expect("the batch of updates completes")
+        .unwrap();
+    let coll = client(&rep).database(DB).collection::<Document>(COLL);
+    assert_eq!(coll.count_documents(doc! {"rev": 2i64}).run().unwrap(), 250);
+}

@@ -14,8 +14,10 @@ pub const POSITION_DATABASE: &str = "dedupwire";
 /// The position collection: `{_id: stream, pos: Int64}`, one document per stream.
 pub const POSITION_COLLECTION: &str = "positions";
 
-/// Statements per `update`/`delete` command at most.
-const MAX_STATEMENTS: usize = 1000;
+/// Statements per `update`/`delete` command at most: FerretDB v1 keeps one SQLite connection
+/// per update statement until the command ends, from a pool of 100, so a command of 100
+/// updates of existing documents never completes.
+const MAX_STATEMENTS: usize = 50;
 /// Document bytes per command at most (well under the 16 MiB message limit).
 const MAX_COMMAND_BYTES: usize = 8 << 20;
 
