@@ -23,6 +23,10 @@
 //!   batch, exact CDC +zstd, and the oracle (delta vs the previous version of the same id).
 //! * Primary load throughput with no consumer, with the dedupwire sender streaming
 //!   concurrently, and with the native subscription attached.
+//! * The same stream on the MongoDB protocol (FerretDB): dedupwire's bytes beside the oplog's
+//!   ([`mongo`]; `--skip-mongo` leaves it out).
+
+mod mongo;
 
 use std::io::{BufRead, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -70,6 +74,12 @@ pub struct Args {
     /// Write the results as JSON to FILE.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Leave out the MongoDB (FerretDB) rows.
+    #[arg(long)]
+    skip_mongo: bool,
+    /// Only the MongoDB (FerretDB) rows.
+    #[arg(long, conflicts_with = "skip_mongo")]
+    only_mongo: bool,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -892,6 +902,27 @@ pub fn run(args: &Args) -> Result<()> {
         };
         workloads.push((name.clone(), load_writes(&path, limit)?));
     }
+    let timeout = Duration::from_secs(args.timeout);
+    let mut results = Vec::new();
+    if !args.only_mongo {
+        results.extend(run_postgres(&workloads, args)?);
+    }
+    if !args.skip_mongo {
+        for (name, writes) in &workloads {
+            results.push(mongo::run(name, writes, timeout)?);
+        }
+    }
+    println!("\ntotal {:.1} s", started.elapsed().as_secs_f64());
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&results)?)?;
+    }
+    Ok(())
+}
+
+fn run_postgres(
+    workloads: &[(String, Vec<Write1>)],
+    args: &Args,
+) -> Result<Vec<serde_json::Value>> {
     let bindir = find_bindir(args.pg_bindir.as_deref())?;
     let pg = PgServer::start(bindir, Duration::from_secs(args.timeout))?;
     let proxy = Proxy::start(pg.port())?;
@@ -900,14 +931,10 @@ pub fn run(args: &Args) -> Result<()> {
          body = whole JSON line; 'vs raw' / 'vs native' = that many times fewer bytes"
     );
     let mut results = Vec::new();
-    for (name, writes) in &workloads {
+    for (name, writes) in workloads {
         results.push(run_workload(&pg, &proxy, name, writes, args)?);
     }
-    println!("\ntotal {:.1} s", started.elapsed().as_secs_f64());
     drop(proxy);
     drop(pg);
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&results)?)?;
-    }
-    Ok(())
+    Ok(results)
 }

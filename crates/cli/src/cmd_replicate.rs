@@ -1,15 +1,19 @@
 //! `dedupwire replicate encode|decode|send|receive`: sDedup over JSON-lines change streams,
-//! and live replication of PostgreSQL document tables over TCP, authenticated and encrypted
-//! with a shared key unless both ends say `--insecure-plaintext`.
+//! and live replication of PostgreSQL document tables or a MongoDB oplog over TCP,
+//! authenticated and encrypted with a shared key unless both ends say `--insecure-plaintext`.
 
-use std::io::{BufReader, BufWriter};
+use std::io::{BufReader, BufWriter, Read, Write};
 use std::net::{TcpListener, TcpStream};
 
 use anyhow::{bail, Context, Result};
 use dedupwire_replicate::jsonl;
-use dedupwire_replicate::live::{PgDocStore, Receiver, ReceiverConfig, Sender, SenderConfig};
+use dedupwire_replicate::live::{
+    LiveError, PgDocStore, Receiver, ReceiverConfig, Sender, SenderConfig,
+};
+use dedupwire_replicate::mongo::{MongoDocStore, MongoSink, MongoSource, MongoSourceConfig};
 use dedupwire_replicate::pg::{PgSink, PgSinkConfig, PgSource, PgSourceConfig, Tables};
-use dedupwire_replicate::sdedup::SdedupConfig;
+use dedupwire_replicate::sdedup::{SdedupConfig, SourceStore};
+use dedupwire_replicate::ChangeSource;
 use dedupwire_wire::Key;
 
 use crate::transport::{self, KeyArgs};
@@ -39,13 +43,15 @@ enum Cmd {
     },
     /// Decode an sDedup stream (stdin) back into the exact JSON lines (stdout).
     Decode,
-    /// Tail a PostgreSQL database's document tables (logical decoding with wal2json) and ship
-    /// the changes to a `replicate receive`, delta-encoded against similar documents.
+    /// Tail a PostgreSQL database's document tables (logical decoding with wal2json) or a
+    /// MongoDB server's oplog and ship the changes to a `replicate receive`, delta-encoded
+    /// against similar documents.
     ///
     /// Resumes after the receiver's applied position; the slot only releases what the
     /// receiver has applied. Exits non-zero when the connection or the source fails.
     Send {
-        /// The source database (`postgres://user@host/db` or `host=... dbname=...`).
+        /// The source database (`postgres://user@host/db`, `host=... dbname=...`, or
+        /// `mongodb://host:port/[db]` to tail its oplog, one database or all).
         #[arg(long)]
         from: String,
         /// The receiver's address (HOST:PORT).
@@ -80,13 +86,15 @@ enum Cmd {
         #[command(flatten)]
         key: KeyArgs,
     },
-    /// Accept senders on ADDR and apply their change streams to a PostgreSQL replica, each
-    /// batch in one transaction with its position (exactly once across restarts).
+    /// Accept senders on ADDR and apply their change streams to a PostgreSQL replica (each
+    /// batch in one transaction with its position) or a MongoDB one (idempotent full-document
+    /// writes, then the position): exactly once across restarts.
     Receive {
         /// The address to listen on (e.g. 0.0.0.0:7400).
         #[arg(long)]
         listen: String,
-        /// The replica database (`postgres://user@host/db` or `host=... dbname=...`).
+        /// The replica database (`postgres://user@host/db`, `host=... dbname=...`, or
+        /// `mongodb://host:port/`).
         #[arg(long)]
         into: String,
         /// Handle one connection, then exit (non-zero if it failed).
@@ -176,13 +184,78 @@ struct SendOptions {
     config: SenderConfig,
 }
 
+/// The kind of database a connection string names, by its URL scheme.
+#[derive(Clone, Copy)]
+enum Database {
+    Postgres,
+    Mongo,
+}
+
+fn database_of(url: &str, flag: &str) -> Result<Database> {
+    match url.split_once("://").map(|(scheme, _)| scheme) {
+        Some("postgres" | "postgresql") | None => Ok(Database::Postgres),
+        Some("mongodb") => Ok(Database::Mongo),
+        Some(other) => bail!(
+            "{flag}: unknown database scheme {other:?}: use postgres://, postgresql://, \
+             host=... dbname=... (PostgreSQL) or mongodb:// (MongoDB)"
+        ),
+    }
+}
+
+/// A source store's failed reads, for the end-of-run warning.
+trait ReadErrors {
+    fn errors(&self) -> u64;
+    fn last_error(&self) -> Option<&str>;
+}
+
+impl ReadErrors for PgDocStore {
+    fn errors(&self) -> u64 {
+        PgDocStore::errors(self)
+    }
+    fn last_error(&self) -> Option<&str> {
+        PgDocStore::last_error(self)
+    }
+}
+
+impl ReadErrors for MongoDocStore {
+    fn errors(&self) -> u64 {
+        MongoDocStore::errors(self)
+    }
+    fn last_error(&self) -> Option<&str> {
+        MongoDocStore::last_error(self)
+    }
+}
+
 fn send(o: SendOptions) -> Result<()> {
+    match database_of(&o.from, "--from")? {
+        Database::Postgres => {
+            let (mut source, mut store) = open_pg_source(&o)?;
+            send_from(o, &mut source, &mut store)
+        }
+        Database::Mongo => {
+            let (mut source, mut store) = open_mongo_source(&o)?;
+            send_from(o, &mut source, &mut store)
+        }
+    }
+}
+
+fn open_mongo_source(o: &SendOptions) -> Result<(MongoSource, MongoDocStore)> {
+    if !o.tables.is_empty() {
+        bail!("--tables is for PostgreSQL sources: name the MongoDB database in the URL");
+    }
+    let source = MongoSource::connect(&o.from, MongoSourceConfig::default())
+        .context("opening the source")?;
+    let store = MongoDocStore::connect(&o.from).context("opening the source")?;
+    Ok((source, store))
+}
+
+fn open_pg_source(o: &SendOptions) -> Result<(PgSource, PgDocStore)> {
     let tables = if o.tables.is_empty() {
         Tables::All
     } else {
-        Tables::Only(o.tables)
+        Tables::Only(o.tables.clone())
     };
-    let mut source = PgSource::connect(
+    let source = PgSource::connect(
         &o.from,
         PgSourceConfig {
             tables,
@@ -192,7 +265,15 @@ fn send(o: SendOptions) -> Result<()> {
         },
     )
     .context("opening the source")?;
-    let mut store = PgDocStore::connect(&o.from).context("opening the source")?;
+    let store = PgDocStore::connect(&o.from).context("opening the source")?;
+    Ok((source, store))
+}
+
+fn send_from<Src, St>(o: SendOptions, source: &mut Src, store: &mut St) -> Result<()>
+where
+    Src: ChangeSource,
+    St: SourceStore + ReadErrors,
+{
     let stream = TcpStream::connect(&o.to)
         .with_context(|| format!("cannot connect to the receiver at {}", o.to))?;
     stream.set_nodelay(true)?;
@@ -200,7 +281,7 @@ fn send(o: SendOptions) -> Result<()> {
     let link = transport::client(stream, o.key.as_ref())
         .with_context(|| format!("replication to {} stopped", o.to))?;
     let mut sender = Sender::new(o.config);
-    let result = sender.run(link, &mut source, &mut store);
+    let result = sender.run(link, source, store);
     if o.stats {
         eprintln!("{}", serde_json::to_string_pretty(sender.summary())?);
     }
@@ -215,6 +296,7 @@ fn send(o: SendOptions) -> Result<()> {
 }
 
 fn receive(listen: &str, into: &str, once: bool, key: Option<Key>) -> Result<()> {
+    let database = database_of(into, "--into")?;
     let listener =
         TcpListener::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
     eprintln!(
@@ -240,9 +322,7 @@ fn receive(listen: &str, into: &str, once: bool, key: Option<Key>) -> Result<()>
             }
         };
         let mut receiver = Receiver::new(ReceiverConfig::default());
-        let result = receiver.run(link, |stream| {
-            PgSink::connect(into, PgSinkConfig::with_stream(stream))
-        });
+        let result = apply_to(&mut receiver, link, into, database);
         let s = receiver.summary();
         let who = if s.stream.is_empty() {
             peer.to_string()
@@ -268,5 +348,20 @@ fn receive(listen: &str, into: &str, once: bool, key: Option<Key>) -> Result<()>
         if once {
             return result.with_context(|| format!("the session with {peer} failed"));
         }
+    }
+}
+
+/// One receiver session applying to the replica at `into`.
+fn apply_to<S: Read + Write>(
+    receiver: &mut Receiver,
+    stream: S,
+    into: &str,
+    database: Database,
+) -> Result<(), LiveError> {
+    match database {
+        Database::Postgres => receiver.run(stream, |stream| {
+            PgSink::connect(into, PgSinkConfig::with_stream(stream))
+        }),
+        Database::Mongo => receiver.run(stream, |stream| MongoSink::connect(into, stream)),
     }
 }
