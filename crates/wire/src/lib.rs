@@ -27,11 +27,16 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod channel;
 mod error;
 pub mod frame;
 mod handshake;
 pub mod store;
 
+pub use channel::{
+    ChannelConfig, ChannelStats, Chunker, DedupListener, DedupStream, Identifier, Mode, Registry,
+    Role,
+};
 pub use error::{Error, Result};
 pub use frame::{
     encode_frame, Frame, FrameConfig, FrameHead, FrameReader, FrameType, FrameWriter, Framed,

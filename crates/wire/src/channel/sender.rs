@@ -1,0 +1,369 @@
+//! The sending half of a channel end: cuts messages into segments, asks the receiver which
+//! chunks it holds level by level, and sends the rest as deltas or literals.
+//!
+//! A segment's bytes stay here until the receiver acknowledges it, so that a chunk it asks
+//! for again (NEED) can always be answered; `window` bounds how many segments that is.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::time::Instant;
+
+use dedupwire_engine::compress::Compressor;
+use dedupwire_engine::delta::{DeltaCodec, Sampled};
+use dedupwire_engine::similarity::{select_source, CandidateIndex, SuperFeatureConfig};
+
+use super::adaptive::{Adaptive, Way};
+use super::config::ChannelConfig;
+use super::link::Link;
+use super::protocol::{EntryRef, Message, MessageEnd, DATA_FRAME};
+use super::stats::ChannelStats;
+use crate::error::{Error, Result};
+use crate::store::{ChunkId, ChunkStore};
+
+/// Chunks shorter than this are always sent literally: a delta would not pay for its base id.
+const MIN_DELTA_LEN: usize = 256;
+/// Items kept per super-feature in the similarity index.
+const PER_FEATURE: usize = 4;
+
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    off: usize,
+    len: usize,
+    id: ChunkId,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Await {
+    Have(u8),
+    Ack,
+}
+
+#[derive(Debug)]
+struct OutSeg {
+    data: Vec<u8>,
+    levels: Vec<Vec<Piece>>,
+    way: Way,
+    started: Instant,
+    awaiting: Await,
+}
+
+/// The sending half.
+pub(crate) struct Sender {
+    cfg: ChannelConfig,
+    store: Arc<dyn ChunkStore>,
+    next_seg: u64,
+    inflight: BTreeMap<u64, OutSeg>,
+    hasher: blake3::Hasher,
+    msg_len: u64,
+    open: bool,
+    sf: SuperFeatureConfig,
+    index: CandidateIndex<ChunkId>,
+    compressor: Compressor,
+    codec: Sampled,
+    pub(crate) adaptive: Adaptive,
+}
+
+impl Sender {
+    pub(crate) fn new(cfg: ChannelConfig, store: Arc<dyn ChunkStore>) -> Sender {
+        Sender {
+            compressor: Compressor::new(cfg.compression),
+            adaptive: Adaptive::new(cfg.mode),
+            cfg,
+            store,
+            next_seg: 0,
+            inflight: BTreeMap::new(),
+            hasher: blake3::Hasher::new(),
+            msg_len: 0,
+            open: false,
+            sf: SuperFeatureConfig::default(),
+            index: CandidateIndex::new(PER_FEATURE),
+            codec: Sampled::default(),
+        }
+    }
+
+    /// Whether the window is full: the next segment must wait for acknowledgements.
+    ///
+    /// At most half the window may wait for a HAVE, so that answers are read (and data sent)
+    /// while later segments are still being cut.
+    pub(crate) fn needs_room(&self) -> bool {
+        let waiting_have = self
+            .inflight
+            .values()
+            .filter(|s| matches!(s.awaiting, Await::Have(_)))
+            .count();
+        self.inflight.len() >= self.cfg.window || waiting_have >= (self.cfg.window / 2).max(1)
+    }
+
+    /// Whether every segment sent has been acknowledged.
+    pub(crate) fn idle(&self) -> bool {
+        self.inflight.is_empty()
+    }
+
+    /// Whether a message has segments out but no end yet.
+    pub(crate) fn open(&self) -> bool {
+        self.open
+    }
+
+    /// Sends the next segment from the start of `data` (at most a segment's worth); returns
+    /// the bytes it took. Unless `last`, a content-defined tail is left for the next segment.
+    pub(crate) fn emit<S: Read + Write>(
+        &mut self,
+        link: &mut Link<S>,
+        stats: &mut ChannelStats,
+        data: &[u8],
+        last: bool,
+    ) -> Result<usize> {
+        let data = &data[..data.len().min(self.cfg.segment_size)];
+        let way = self.adaptive.choose();
+        let mut lens = Vec::new();
+        let mut take = data.len();
+        if way == Way::Dedup {
+            self.cfg.levels[0].cut(data, &mut lens);
+            if !last && lens.len() > 1 {
+                take -= lens.pop().unwrap_or(0);
+            }
+        }
+        let bytes = data[..take].to_vec();
+        self.hasher.update(&bytes);
+        self.msg_len += take as u64;
+        self.open = !last;
+        let end = last.then(|| {
+            let e = MessageEnd {
+                len: self.msg_len,
+                hash: *self.hasher.finalize().as_bytes(),
+            };
+            self.hasher.reset();
+            self.msg_len = 0;
+            e
+        });
+        let seg = self.next_seg;
+        self.next_seg += 1;
+        let started = Instant::now();
+        let (levels, awaiting) = match way {
+            Way::Plain => {
+                let body = self.compressor.compress(&bytes);
+                link.send(&Message::Plain {
+                    seg,
+                    end,
+                    method: self.cfg.compression.tag(),
+                    raw_len: bytes.len() as u32,
+                    body,
+                })?;
+                stats.segments_plain += 1;
+                stats.bytes_plain += bytes.len() as u64;
+                (Vec::new(), Await::Ack)
+            }
+            Way::Dedup => {
+                let mut pieces = Vec::with_capacity(lens.len());
+                let mut off = 0;
+                for len in lens {
+                    let id = self.cfg.identifier.identify(&bytes[off..off + len]);
+                    pieces.push(Piece { off, len, id });
+                    off += len;
+                }
+                link.send(&Message::Request {
+                    seg,
+                    level: 0,
+                    end,
+                    chunks: pieces.iter().map(|p| (p.len as u32, p.id)).collect(),
+                })?;
+                stats.segments_dedup += 1;
+                stats.round_trips += 1;
+                (vec![pieces], Await::Have(0))
+            }
+        };
+        self.inflight.insert(
+            seg,
+            OutSeg {
+                data: bytes,
+                levels,
+                way,
+                started,
+                awaiting,
+            },
+        );
+        Ok(take)
+    }
+
+    /// The receiver's answer to a request: refine what it lacks at the next level, or send it.
+    pub(crate) fn on_have<S: Read + Write>(
+        &mut self,
+        link: &mut Link<S>,
+        stats: &mut ChannelStats,
+        seg: u64,
+        level: u8,
+        bits: &[bool],
+    ) -> Result<()> {
+        let mut s = self.inflight.remove(&seg).ok_or_else(|| {
+            Error::Protocol(format!(
+                "HAVE for segment {seg}, which is not waiting for one"
+            ))
+        })?;
+        if s.awaiting != Await::Have(level) || bits.len() != s.levels[level as usize].len() {
+            return Err(Error::Protocol(format!(
+                "HAVE for segment {seg} level {level} with {} bits does not answer the request \
+                 sent",
+                bits.len()
+            )));
+        }
+        let l = level as usize;
+        let mut missing = Vec::new();
+        for (i, (p, &held)) in s.levels[l].iter().zip(bits).enumerate() {
+            if held {
+                stats.chunks_hit += 1;
+                stats.bytes_hit += p.len as u64;
+                self.store.put(&p.id, &s.data[p.off..p.off + p.len])?;
+            } else {
+                missing.push(i);
+            }
+        }
+        if !missing.is_empty() && l + 1 < self.cfg.levels.len() {
+            let chunker = &self.cfg.levels[l + 1];
+            let mut next = Vec::new();
+            let mut lens = Vec::new();
+            for &i in &missing {
+                let p = s.levels[l][i];
+                lens.clear();
+                chunker.cut(&s.data[p.off..p.off + p.len], &mut lens);
+                let mut off = p.off;
+                for &len in &lens {
+                    let id = self.cfg.identifier.identify(&s.data[off..off + len]);
+                    next.push(Piece { off, len, id });
+                    off += len;
+                }
+            }
+            link.send(&Message::Request {
+                seg,
+                level: level + 1,
+                end: None,
+                chunks: next.iter().map(|p| (p.len as u32, p.id)).collect(),
+            })?;
+            stats.round_trips += 1;
+            s.levels.push(next);
+            s.awaiting = Await::Have(level + 1);
+        } else {
+            self.send_data(link, stats, seg, &s.data, &s.levels[l], &missing)?;
+            s.awaiting = Await::Ack;
+        }
+        self.inflight.insert(seg, s);
+        Ok(())
+    }
+
+    fn send_data<S: Read + Write>(
+        &mut self,
+        link: &mut Link<S>,
+        stats: &mut ChannelStats,
+        seg: u64,
+        data: &[u8],
+        pieces: &[Piece],
+        missing: &[usize],
+    ) -> Result<()> {
+        let id_len = self.cfg.identifier.id_len();
+        let mut body = Vec::new();
+        let mut sfs = Vec::new();
+        let mut delta = Vec::new();
+        for &i in missing {
+            let p = pieces[i];
+            let chunk = &data[p.off..p.off + p.len];
+            let mut as_delta = false;
+            if self.cfg.delta && p.len >= MIN_DELTA_LEN {
+                self.sf.super_features_into(chunk, &mut sfs);
+                let base = select_source(&self.index.lookup(&sfs), |_| false);
+                if let Some(base) = base.filter(|b| *b != p.id) {
+                    if let Some(src) = self.store.get(&base)? {
+                        delta.clear();
+                        self.codec.encode(&src, chunk, &mut delta);
+                        if delta.len() + id_len < p.len / 2 {
+                            EntryRef::Delta(&base, &delta).encode(id_len, &mut body);
+                            as_delta = true;
+                        }
+                    }
+                }
+                self.index.insert(p.id, &sfs);
+            }
+            if as_delta {
+                stats.chunks_delta += 1;
+                stats.bytes_delta += p.len as u64;
+            } else {
+                EntryRef::Literal(chunk).encode(id_len, &mut body);
+                stats.chunks_literal += 1;
+                stats.bytes_literal += p.len as u64;
+            }
+            self.store.put(&p.id, chunk)?;
+            if body.len() >= DATA_FRAME {
+                self.flush_data(link, seg, &mut body)?;
+            }
+        }
+        if !body.is_empty() {
+            self.flush_data(link, seg, &mut body)?;
+        }
+        Ok(())
+    }
+
+    fn flush_data<S: Read + Write>(
+        &mut self,
+        link: &mut Link<S>,
+        seg: u64,
+        body: &mut Vec<u8>,
+    ) -> Result<()> {
+        let compressed = self.compressor.compress(body);
+        link.send(&Message::Data {
+            seg,
+            method: self.cfg.compression.tag(),
+            raw_len: body.len() as u32,
+            body: compressed,
+        })?;
+        body.clear();
+        Ok(())
+    }
+
+    /// The receiver asks for chunks whole.
+    pub(crate) fn on_need<S: Read + Write>(
+        &mut self,
+        link: &mut Link<S>,
+        stats: &mut ChannelStats,
+        seg: u64,
+        wants: &[(u8, u32)],
+    ) -> Result<()> {
+        let s = self.inflight.get(&seg).ok_or_else(|| {
+            Error::Protocol(format!("NEED for segment {seg}, which is not in flight"))
+        })?;
+        for &(level, index) in wants {
+            let p = s
+                .levels
+                .get(level as usize)
+                .and_then(|l| l.get(index as usize))
+                .ok_or_else(|| {
+                    Error::Protocol(format!(
+                        "NEED for chunk {index} of level {level} of segment {seg}, which was \
+                         never requested"
+                    ))
+                })?;
+            link.send(&Message::Raw {
+                seg,
+                level,
+                index,
+                bytes: s.data[p.off..p.off + p.len].to_vec(),
+            })?;
+            stats.chunks_resent += 1;
+        }
+        Ok(())
+    }
+
+    /// The receiver has rebuilt segment `seg`.
+    pub(crate) fn on_ack(&mut self, stats: &mut ChannelStats, seg: u64) -> Result<()> {
+        let s = self.inflight.remove(&seg).ok_or_else(|| {
+            Error::Protocol(format!("ACK for segment {seg}, which is not in flight"))
+        })?;
+        if s.awaiting != Await::Ack {
+            return Err(Error::Protocol(format!(
+                "ACK for segment {seg} before its data was sent"
+            )));
+        }
+        self.adaptive
+            .observe(s.way, s.data.len(), s.started, Instant::now());
+        (stats.dedup_rate, stats.plain_rate) = self.adaptive.rates();
+        Ok(())
+    }
+}
