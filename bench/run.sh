@@ -2,11 +2,11 @@
 # Every benchmark, ours and the peers side by side in one run; tables on stdout, JSON in
 # target/bench-results/. The machine is shared and noisy: each figure is a median of runs.
 #   bench/run.sh                 all benchmarks
-#   bench/run.sh chunking delta  some of them (chunking, delta, reduction, analyze, replicate)
+#   bench/run.sh chunking delta  some of them (chunking, delta, reduction, analyze, replicate, channel)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=("$@")
-[ ${#which[@]} -gt 0 ] || which=(chunking delta reduction analyze replicate)
+[ ${#which[@]} -gt 0 ] || which=(chunking delta reduction analyze replicate channel)
 command -v xdelta3 >/dev/null || { apt-get update -qq && apt-get install -y -qq xdelta3 >/dev/null; }
 data=$(bash bench/fetch-data.sh | tail -n 1)
 cargo build --release -q -p dedupwire-bench -p dedupwire-cli
@@ -22,6 +22,21 @@ for b in "${which[@]}"; do
     # Live PostgreSQL replication (needs postgresql-15 + postgresql-15-wal2json): dedupwire vs
     # PostgreSQL's own logical replication, bytes on the wire, on the shared document streams.
     replicate) "$bench" replicate --docs ../shared/data --json "$out/replicate.json" ;;
+    channel)
+      # Consecutive Django sdists (unpacked to .tar) through the dedup channel over loopback,
+      # beside zstd-3 over a plain socket; unshaped, then a 100 Mbit/s link. Then what rsync -z
+      # moves for the same releases, as tars and as unpacked trees (its best case).
+      command -v rsync >/dev/null || { apt-get update -qq && apt-get install -y -qq rsync >/dev/null; }
+      mkdir -p "$data/tars"
+      for f in "$data"/sdists/Django-*.tar.gz; do
+        t="$data/tars/$(basename "$f" .gz)"
+        [ -s "$t" ] || gzip -dc "$f" > "$t"
+      done
+      "$bench" channel "$data/tars" --modes dedup,adaptive,plain --json "$out/channel.json"
+      "$bench" channel "$data/tars" --modes dedup,adaptive --link-mbps 100 --json "$out/channel-100mbit.json"
+      echo "rsync -z, tars:"; bash bench/rsync-releases.sh tar "$data"/tars/Django-*.tar
+      echo "rsync -z, unpacked trees:"; bash bench/rsync-releases.sh tree "$data"/pkgs/django-*
+      ;;
     analyze)
       # End-to-end analysis speed (every method, both scopes) beside reading the same files:
       # exact (the default at this size), then with residual compression sampled 1 batch in 4.
