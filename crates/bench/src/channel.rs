@@ -4,8 +4,9 @@
 //! Each input is one message, in order, on one connection per method, so later inputs can
 //! dedup against earlier ones. Per input and cumulatively: bytes on the socket (frames,
 //! handshake and the receiver's answers included) and input MB/s (wall time of `send`, which
-//! returns once the receiver has verified the message). `--link-mbps` caps the sender's
-//! writes to a link of that speed, to see the shaped-link case.
+//! returns once the receiver has verified the message). `--link-mbps` paces the sender's
+//! writes to a link of that speed with a 4 MiB queue, to see the shaped-link case (only
+//! the sending direction is paced; its latency is loopback's).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -99,13 +100,18 @@ fn generated() -> Vec<(String, Vec<u8>)> {
     out
 }
 
-/// A stream whose writes are paced to `bytes_per_sec`.
+/// A stream whose writes are paced to `bytes_per_sec`, like a link with a `LINK_BUFFER`-byte
+/// queue: a write returns at once while the queue has room and blocks while it is full.
+/// [`Paced::drain`] waits until everything written has gone through.
 struct Paced<S> {
     inner: S,
     bytes_per_sec: Option<f64>,
     start: Instant,
-    written: u64,
+    written: std::cell::Cell<u64>,
 }
+
+/// Bytes a paced link queues before writes block (a socket buffer's worth).
+const LINK_BUFFER: f64 = 4.0 * 1024.0 * 1024.0;
 
 impl<S> Paced<S> {
     fn new(inner: S, link_mbps: Option<f64>) -> Self {
@@ -113,8 +119,23 @@ impl<S> Paced<S> {
             inner,
             bytes_per_sec: link_mbps.map(|m| m * 1e6 / 8.0),
             start: Instant::now(),
-            written: 0,
+            written: std::cell::Cell::new(0),
         }
+    }
+
+    /// Sleeps until the link has carried `written - queue` bytes.
+    fn wait(&self, queue: f64) {
+        if let Some(rate) = self.bytes_per_sec {
+            let due = ((self.written.get() as f64 - queue) / rate).max(0.0);
+            if let Some(wait) = Duration::from_secs_f64(due).checked_sub(self.start.elapsed()) {
+                thread::sleep(wait);
+            }
+        }
+    }
+
+    /// Waits until everything written has crossed the link.
+    fn drain(&self) {
+        self.wait(0.0);
     }
 }
 
@@ -127,13 +148,8 @@ impl<S: Read> Read for Paced<S> {
 impl<S: Write> Write for Paced<S> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let n = self.inner.write(&buf[..buf.len().min(64 << 10)])?;
-        self.written += n as u64;
-        if let Some(rate) = self.bytes_per_sec {
-            let due = Duration::from_secs_f64(self.written as f64 / rate);
-            if let Some(wait) = due.checked_sub(self.start.elapsed()) {
-                thread::sleep(wait);
-            }
-        }
+        self.written.set(self.written.get() + n as u64);
+        self.wait(LINK_BUFFER);
         Ok(n)
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -183,6 +199,7 @@ fn run_channel(inputs: &[(String, Vec<u8>)], mode: Mode, args: &Args) -> Result<
     for (_, data) in inputs {
         let t = Instant::now();
         ch.send(data)?;
+        ch.get_ref().drain();
         let secs = t.elapsed().as_secs_f64();
         let now = ch.stats();
         let bytes = (now.socket_bytes_sent + now.socket_bytes_received)
@@ -230,7 +247,8 @@ fn run_zstd(inputs: &[(String, Vec<u8>)], link: Option<f64>) -> Result<Row> {
         let mut e = zstd::Encoder::new(&mut paced, 3)?;
         e.write_all(data)?;
         e.finish()?;
-        let sent = paced.written;
+        paced.drain();
+        let sent = paced.written.get();
         s.shutdown(std::net::Shutdown::Write)?;
         let mut ack = [0u8; 1];
         (&s).read_exact(&mut ack)?;

@@ -479,8 +479,9 @@ fn adaptive_mode_sends_random_data_plain_over_loopback() {
     );
     assert!(
         st.segments_plain > 2 * st.segments_dedup,
-        "plain {} dedup {} (rates: dedup {:.0} B/s, plain {:.0} B/s)",
+        "plain {} (kept {}) dedup {} (rates: dedup {:.0} B/s, plain {:.0} B/s)",
         st.segments_plain,
+        st.segments_kept,
         st.segments_dedup,
         st.dedup_rate,
         st.plain_rate

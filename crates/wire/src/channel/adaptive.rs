@@ -1,21 +1,44 @@
-//! The adaptive mode: per segment, dedup or plain, whichever has delivered message bytes faster
-//! on this connection.
+//! The adaptive mode: per segment, dedup or plain, whichever costs the sender less time per
+//! message byte on this connection.
 //!
-//! The model is measured, not predicted: each acknowledged segment yields a goodput sample,
-//! its message bytes over the time since the previous acknowledgement (or its own start, if
-//! later), which folds in everything dedup costs (chunking, hashing, round trips, deltas) and
-//! everything it saves (bytes on a slow link), at the redundancy this connection actually
-//! sees. Per way, bytes and seconds are summed with a decay of `KEEP` (0.75) per sample and the
-//! estimate is their ratio (segments acknowledged in a burst would skew an average of rates). Until both ways have a sample, segments
-//! alternate between them, dedup first; after that the faster way is used and the other is probed every
-//! [`PROBE_EVERY`] segments, so a change in link speed or in redundancy is noticed.
+//! The cost of a segment is the time the sender spends on it: CPU (chunking, hashing,
+//! similarity, deltas, compression) and socket writes, which block for as long as the link
+//! (or the receiver) takes to drain them, so a slow link shows up as write time and a fast one
+//! does not. A dedup segment also pays its round trips: the shortest request-to-answer time
+//! seen, per level asked, divided by the window (segments in flight overlap their waits).
+//! Waiting for acknowledgements is not counted: it is the other end's work, or the link's,
+//! already charged through the writes. Per way, bytes and seconds are summed, every sum decaying
+//! by `KEEP` (0.75) per segment acknowledged (either way), and the estimate is their ratio:
+//! a probe after a long streak the other way counts almost alone. Until both ways have a sample,
+//! segments alternate, dedup first; after that dedup is used unless plain is
+//! [`PLAIN_MARGIN`] times faster, and the other way is probed every [`PROBE_EVERY`] segments,
+//! so a change in link speed or redundancy is noticed.
+//!
+//! A plain segment teaches the sender nothing about what the receiver holds, so a dedup probe
+//! after a plain streak would find no delta bases and look worse than it is. When plain
+//! segments spend most of their time blocked in writes (the link is the bottleneck) and
+//! dedup segments have found redundancy, the
+//! sender indexes their chunks as a dedup segment would, which then costs no time, and flags
+//! them KEEP so that the receiver keeps their chunks too; otherwise neither end spends
+//! anything beyond compression on a plain segment.
 
-use std::time::Instant;
+use std::time::Duration;
 
 use super::config::Mode;
 
 /// One segment in this many is sent the other way, to keep its estimate fresh.
 pub const PROBE_EVERY: u64 = 8;
+/// Plain is chosen only when it is this much faster than dedup: a dedup segment also leaves
+/// its chunks indexed on both ends for later messages, which a plain one does not (the
+/// receiver keeps its chunks, but the sender learns nothing to find delta bases in it).
+pub const PLAIN_MARGIN: f64 = 1.5;
+/// Plain segments count as link-bound when this share of their time is spent blocked in
+/// writes. A receiver slower than the sender blocks writes too, and keeping chunks would slow
+/// it further, hence well above half.
+const LINK_BOUND: f64 = 0.75;
+/// Plain segments are indexed only once dedup segments have sent this share of their bytes
+/// as references or deltas: on data without redundancy, indexing cannot pay.
+const WORTH_INDEXING: f64 = 0.1;
 /// How much of the past each new sample keeps in the decayed sums.
 const KEEP: f64 = 0.75;
 
@@ -33,7 +56,11 @@ pub(crate) struct Adaptive {
     dedup: Option<(f64, f64)>,
     plain: Option<(f64, f64)>,
     segments: u64,
-    last_ack: Option<Instant>,
+    rtt: Option<Duration>,
+    /// Share of a plain segment's time spent blocked in socket writes (a moving average).
+    write_share: f64,
+    /// Share of a dedup segment's bytes sent as references or deltas (a moving average).
+    redundant: f64,
 }
 
 impl Adaptive {
@@ -43,7 +70,9 @@ impl Adaptive {
             dedup: None,
             plain: None,
             segments: 0,
-            last_ack: None,
+            rtt: None,
+            write_share: 0.0,
+            redundant: 0.0,
         }
     }
 
@@ -57,7 +86,11 @@ impl Adaptive {
                 (None, _) | (_, None) if self.segments % 2 == 1 => Way::Dedup,
                 (None, _) | (_, None) => Way::Plain,
                 (Some(d), Some(p)) => {
-                    let best = if d >= p { Way::Dedup } else { Way::Plain };
+                    let best = if p > d * PLAIN_MARGIN {
+                        Way::Plain
+                    } else {
+                        Way::Dedup
+                    };
                     let other = if best == Way::Dedup {
                         Way::Plain
                     } else {
@@ -73,20 +106,54 @@ impl Adaptive {
         }
     }
 
-    /// A segment of `bytes` message bytes sent `way`, started at `started`, is acknowledged now.
-    pub(crate) fn observe(&mut self, way: Way, bytes: usize, started: Instant, now: Instant) {
-        let from = match self.last_ack {
-            Some(t) if t > started => t,
-            _ => started,
-        };
-        self.last_ack = Some(now);
-        let secs = now.duration_since(from).as_secs_f64().max(1e-6);
+    /// A plain segment spent `writes` of its `busy` time writing to the socket.
+    pub(crate) fn plain_writes(&mut self, writes: Duration, busy: Duration) {
+        let share = writes.as_secs_f64() / busy.as_secs_f64().max(1e-9);
+        self.write_share = 0.5 * self.write_share + 0.5 * share.min(1.0);
+    }
+
+    /// A dedup segment of `len` bytes sent `saved` of them as references or deltas.
+    pub(crate) fn redundancy(&mut self, saved: usize, len: usize) {
+        let share = saved as f64 / len.max(1) as f64;
+        self.redundant = 0.5 * self.redundant + 0.5 * share;
+    }
+
+    /// Whether to index plain segments: the link, not the sender's CPU, bounds plain sending
+    /// (indexing then costs no time: the link drains while it runs), and dedup has found
+    /// redundancy on this connection (indexing then has something to find).
+    pub(crate) fn link_bound(&self) -> bool {
+        self.mode == Mode::Adaptive
+            && self.write_share > LINK_BOUND
+            && self.redundant > WORTH_INDEXING
+    }
+
+    /// A request was answered `rtt` after it was sent.
+    pub(crate) fn round_trip(&mut self, rtt: Duration) {
+        self.rtt = Some(self.rtt.map_or(rtt, |r| r.min(rtt)));
+    }
+
+    /// A segment of `bytes` message bytes sent `way` cost the sender `busy`, and took
+    /// `round_trips` request/answer exchanges with `window` segments in flight.
+    pub(crate) fn observe(
+        &mut self,
+        way: Way,
+        bytes: usize,
+        busy: Duration,
+        round_trips: u32,
+        window: usize,
+    ) {
+        let waits = self.rtt.unwrap_or_default() * round_trips / window.max(1) as u32;
+        let secs = (busy + waits).as_secs_f64().max(1e-6);
+        for (b, t) in self.dedup.iter_mut().chain(self.plain.iter_mut()) {
+            *b *= KEEP;
+            *t *= KEEP;
+        }
         let slot = match way {
             Way::Dedup => &mut self.dedup,
             Way::Plain => &mut self.plain,
         };
         let (b, t) = slot.unwrap_or((0.0, 0.0));
-        *slot = Some((b * KEEP + bytes as f64, t * KEEP + secs));
+        *slot = Some((b + bytes as f64, t + secs));
     }
 
     /// The current estimates (dedup, plain), bytes per second; 0 when not yet measured.
@@ -110,11 +177,11 @@ mod tests {
     #[test]
     fn picks_the_faster_way_and_probes_the_other() {
         let mut a = Adaptive::new(Mode::Adaptive);
-        let t0 = Instant::now();
         assert_eq!(a.choose(), Way::Dedup);
-        a.observe(Way::Dedup, 1_000, t0, t0 + Duration::from_secs(1));
+        a.round_trip(Duration::from_millis(400));
+        a.observe(Way::Dedup, 1_000, Duration::from_millis(100), 2, 1);
         assert_eq!(a.choose(), Way::Plain);
-        a.observe(Way::Plain, 1_000, t0, t0 + Duration::from_millis(1100));
+        a.observe(Way::Plain, 1_000, Duration::from_millis(100), 0, 1);
         let ways: Vec<Way> = (0..16).map(|_| a.choose()).collect();
         assert!(
             ways.iter().filter(|w| **w == Way::Plain).count() >= 14,

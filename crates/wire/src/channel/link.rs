@@ -1,6 +1,7 @@
 //! The framed connection under a channel: encodes messages into frames and counts the bytes.
 
 use std::io::{Read, Write};
+use std::time::{Duration, Instant};
 
 use super::protocol::{Limits, Message};
 use crate::error::{Error, Result};
@@ -11,6 +12,8 @@ use crate::frame::{Frame, FrameType, Framed};
 pub(crate) struct Link<S> {
     pub(crate) framed: Framed<S>,
     pub(crate) limits: Limits,
+    /// Time spent writing frames: blocked on a full socket, this is the link's time.
+    pub(crate) write_time: Duration,
     buf: Vec<u8>,
 }
 
@@ -19,6 +22,7 @@ impl<S: Read + Write> Link<S> {
         Link {
             framed,
             limits,
+            write_time: Duration::ZERO,
             buf: Vec::new(),
         }
     }
@@ -27,7 +31,9 @@ impl<S: Read + Write> Link<S> {
     pub(crate) fn send(&mut self, m: &Message) -> Result<()> {
         self.buf.clear();
         m.encode(self.limits.id_len, &mut self.buf);
+        let t = Instant::now();
         let r = self.framed.write_frame(m.frame_type(), &self.buf);
+        self.write_time += t.elapsed();
         if self.buf.capacity() > 4 << 20 {
             self.buf = Vec::new();
         }

@@ -39,7 +39,7 @@ mod sender;
 mod stats;
 mod stream;
 
-pub use self::adaptive::PROBE_EVERY;
+pub use self::adaptive::{PLAIN_MARGIN, PROBE_EVERY};
 pub use self::config::{
     Blake3Id, ChannelConfig, Chunker, EngineChunker, Identifier, Mode, Registry, Xxh3Id,
 };

@@ -38,6 +38,8 @@ pub const ACK: FrameType = FrameType(0x26);
 
 /// Segment flag: the message ends with this segment; its length and hash follow.
 pub const FLAG_LAST: u8 = 1;
+/// PLAIN flag: the sender indexed this segment's chunks; the receiver should keep them.
+pub const FLAG_KEEP: u8 = 2;
 
 /// Raw bytes of entries a sender gathers into one DATA frame before compressing it; a body
 /// may exceed it by one entry.
@@ -112,6 +114,8 @@ pub enum Message {
         seg: u64,
         /// Set on a message's last segment.
         end: Option<MessageEnd>,
+        /// The sender indexed the segment's chunks: the receiver keeps them for later dedup.
+        keep: bool,
         /// Compression method tag.
         method: u8,
         /// The segment's length.
@@ -178,7 +182,7 @@ impl Message {
             } => {
                 out.extend_from_slice(&seg.to_le_bytes());
                 out.push(*level);
-                put_end(out, end);
+                put_flags(out, end, false);
                 varint::put(out, chunks.len() as u64);
                 for (len, id) in chunks {
                     varint::put(out, u64::from(*len));
@@ -211,12 +215,13 @@ impl Message {
             Message::Plain {
                 seg,
                 end,
+                keep,
                 method,
                 raw_len,
                 body,
             } => {
                 out.extend_from_slice(&seg.to_le_bytes());
-                put_end(out, end);
+                put_flags(out, end, *keep);
                 out.push(*method);
                 varint::put(out, u64::from(*raw_len));
                 out.extend_from_slice(body);
@@ -254,7 +259,7 @@ impl Message {
             REQUEST => {
                 let seg = r.u64()?;
                 let level = r.u8()?;
-                let end = r.end()?;
+                let (end, _) = r.flags(0)?;
                 let count = r.count(1 + id_len)?;
                 let mut chunks = Vec::with_capacity(count);
                 for _ in 0..count {
@@ -300,12 +305,13 @@ impl Message {
             }
             PLAIN => {
                 let seg = r.u64()?;
-                let end = r.end()?;
+                let (end, keep) = r.flags(FLAG_KEEP)?;
                 let method = r.u8()?;
                 let raw_len = r.len(max)? as u32;
                 Message::Plain {
                     seg,
                     end,
+                    keep,
                     method,
                     raw_len,
                     body: r.rest().to_vec(),
@@ -347,14 +353,11 @@ impl Message {
     }
 }
 
-fn put_end(out: &mut Vec<u8>, end: &Option<MessageEnd>) {
-    match end {
-        None => out.push(0),
-        Some(e) => {
-            out.push(FLAG_LAST);
-            out.extend_from_slice(&e.len.to_le_bytes());
-            out.extend_from_slice(&e.hash);
-        }
+fn put_flags(out: &mut Vec<u8>, end: &Option<MessageEnd>, keep: bool) {
+    out.push(if end.is_some() { FLAG_LAST } else { 0 } | if keep { FLAG_KEEP } else { 0 });
+    if let Some(e) = end {
+        out.extend_from_slice(&e.len.to_le_bytes());
+        out.extend_from_slice(&e.hash);
     }
 }
 
@@ -493,16 +496,20 @@ impl<'a> Reader<'a> {
         self.len(limit)
     }
 
-    fn end(&mut self) -> Result<Option<MessageEnd>> {
-        match self.u8()? {
-            0 => Ok(None),
-            FLAG_LAST => {
-                let len = self.u64()?;
-                let hash = self.take(32)?.try_into().expect("32 bytes");
-                Ok(Some(MessageEnd { len, hash }))
-            }
-            f => Err(self.bad(&format!("unknown segment flags 0x{f:02x}"))),
+    /// The segment flags (besides [`FLAG_LAST`], only those in `allowed`) and the end.
+    fn flags(&mut self, allowed: u8) -> Result<(Option<MessageEnd>, bool)> {
+        let f = self.u8()?;
+        if f & !(FLAG_LAST | allowed) != 0 {
+            return Err(self.bad(&format!("unknown segment flags 0x{f:02x}")));
         }
+        let end = if f & FLAG_LAST != 0 {
+            let len = self.u64()?;
+            let hash = self.take(32)?.try_into().expect("32 bytes");
+            Some(MessageEnd { len, hash })
+        } else {
+            None
+        };
+        Ok((end, f & FLAG_KEEP != 0))
     }
 }
 
@@ -565,13 +572,15 @@ mod tests {
             (
                 any::<u64>(),
                 arb_end(),
+                any::<bool>(),
                 any::<u8>(),
                 0u32..1 << 20,
                 proptest::collection::vec(any::<u8>(), 0..50)
             )
-                .prop_map(|(seg, end, method, raw_len, body)| Message::Plain {
+                .prop_map(|(seg, end, keep, method, raw_len, body)| Message::Plain {
                     seg,
                     end,
+                    keep,
                     method,
                     raw_len,
                     body

@@ -371,14 +371,15 @@ impl Receiver {
         self.check_complete(link, stats, seg)
     }
 
-    /// A whole segment, compressed: placed, acknowledged, and then its chunks kept for later
-    /// messages (after the ACK, so that keeping them does not count against plain sending).
+    /// A whole segment, compressed: placed, acknowledged, and then, when the sender indexed
+    /// it too, its chunks kept for later messages (after the ACK, so that keeping them does
+    /// not count against plain sending).
     pub(crate) fn on_plain<S: Read + Write>(
         &mut self,
         link: &mut Link<S>,
         stats: &mut ChannelStats,
         seg: u64,
-        end: Option<MessageEnd>,
+        (end, keep): (Option<MessageEnd>, bool),
         packed: Packed<'_>,
     ) -> Result<()> {
         if packed.raw_len as usize > self.cfg.segment_size {
@@ -404,7 +405,10 @@ impl Receiver {
             },
         );
         self.check_complete(link, stats, seg)?;
-        self.keep_chunks(&data)
+        if keep {
+            self.keep_chunks(&data)?;
+        }
+        Ok(())
     }
 
     /// Cuts `data` at every level and keeps each chunk, as a dedup segment would have left them.

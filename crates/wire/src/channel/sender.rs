@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use dedupwire_engine::compress::Compressor;
 use dedupwire_engine::delta::{DeltaCodec, Sampled};
@@ -62,7 +62,12 @@ struct OutSeg {
     data: Vec<u8>,
     levels: Vec<Vec<Piece>>,
     way: Way,
-    started: Instant,
+    /// When the latest request was sent.
+    asked: Instant,
+    /// Time the sender spent on this segment (CPU and socket writes).
+    busy: Duration,
+    /// Bytes that travelled as a reference or a delta.
+    saved: usize,
     awaiting: Await,
 }
 
@@ -142,6 +147,7 @@ impl Sender {
         data: &[u8],
         last: bool,
     ) -> Result<usize> {
+        let started = Instant::now();
         let data = &data[..data.len().min(self.cfg.segment_size)];
         let way = self.adaptive.choose();
         let mut lens = Vec::new();
@@ -167,17 +173,25 @@ impl Sender {
         });
         let seg = self.next_seg;
         self.next_seg += 1;
-        let started = Instant::now();
         let (levels, awaiting) = match way {
             Way::Plain => {
                 let body = self.compressor.compress(&bytes);
+                let writes = link.write_time;
+                let keep = self.adaptive.link_bound();
                 link.send(&Message::Plain {
                     seg,
                     end,
+                    keep,
                     method: self.cfg.compression.tag(),
                     raw_len: bytes.len() as u32,
                     body,
                 })?;
+                self.adaptive
+                    .plain_writes(link.write_time - writes, started.elapsed());
+                if keep {
+                    self.learn(&bytes)?;
+                    stats.segments_kept += 1;
+                }
                 stats.segments_plain += 1;
                 stats.bytes_plain += bytes.len() as u64;
                 (Vec::new(), Await::Ack)
@@ -207,11 +221,48 @@ impl Sender {
                 data: bytes,
                 levels,
                 way,
-                started,
+                asked: Instant::now(),
+                busy: started.elapsed(),
+                saved: 0,
                 awaiting,
             },
         );
         Ok(take)
+    }
+
+    /// Indexes a plain segment's chunks as if they had been sent with dedup (the receiver
+    /// keeps them), so that later segments find hits and delta bases in it.
+    fn learn(&mut self, data: &[u8]) -> Result<()> {
+        let mut spans = vec![(0usize, data.len())];
+        let mut lens = Vec::new();
+        for chunker in &self.cfg.levels {
+            let mut next = Vec::new();
+            for &(off, len) in &spans {
+                lens.clear();
+                chunker.cut(&data[off..off + len], &mut lens);
+                let mut o = off;
+                for &l in &lens {
+                    next.push((o, l));
+                    o += l;
+                }
+            }
+            spans = next;
+        }
+        let mut prev = None;
+        let mut sfs = Vec::new();
+        for (off, len) in spans {
+            let chunk = &data[off..off + len];
+            let id = self.cfg.identifier.identify(chunk);
+            if self.cfg.delta && len >= MIN_DELTA_LEN {
+                self.sf.super_features_into(chunk, &mut sfs);
+                self.index.insert(id, &sfs);
+            }
+            if let Some(p) = prev.replace(id) {
+                self.successor.insert(p, id);
+            }
+            self.store.put(&id, chunk)?;
+        }
+        Ok(())
     }
 
     /// The receiver's answer to a request: refine what it lacks at the next level, or send it.
@@ -223,11 +274,13 @@ impl Sender {
         level: u8,
         bits: &[bool],
     ) -> Result<()> {
+        let started = Instant::now();
         let mut s = self.inflight.remove(&seg).ok_or_else(|| {
             Error::Protocol(format!(
                 "HAVE for segment {seg}, which is not waiting for one"
             ))
         })?;
+        self.adaptive.round_trip(started.duration_since(s.asked));
         if s.awaiting != Await::Have(level) || bits.len() != s.levels[level as usize].len() {
             return Err(Error::Protocol(format!(
                 "HAVE for segment {seg} level {level} with {} bits does not answer the request \
@@ -239,6 +292,7 @@ impl Sender {
         let mut missing = Vec::new();
         for (i, (p, &held)) in s.levels[l].iter().zip(bits).enumerate() {
             if held {
+                s.saved += p.len;
                 stats.chunks_hit += 1;
                 stats.bytes_hit += p.len as u64;
                 self.store.put(&p.id, &s.data[p.off..p.off + p.len])?;
@@ -270,13 +324,15 @@ impl Sender {
             stats.round_trips += 1;
             s.levels.push(next);
             s.awaiting = Await::Have(level + 1);
+            s.asked = Instant::now();
         } else {
-            self.send_data(link, stats, seg, &s.data, &s.levels[l], &missing)?;
+            s.saved += self.send_data(link, stats, seg, &s.data, &s.levels[l], &missing)?;
             if self.successor.len() > MAX_SUCCESSORS {
                 self.successor.clear();
             }
             s.awaiting = Await::Ack;
         }
+        s.busy += started.elapsed();
         self.inflight.insert(seg, s);
         Ok(())
     }
@@ -289,8 +345,9 @@ impl Sender {
         data: &[u8],
         pieces: &[Piece],
         missing: &[usize],
-    ) -> Result<()> {
+    ) -> Result<usize> {
         let id_len = self.cfg.identifier.id_len();
+        let mut saved = 0;
         let mut body = Vec::new();
         let mut sfs = Vec::new();
         let mut delta = Vec::new();
@@ -333,6 +390,7 @@ impl Sender {
             match base_used {
                 Some(base) => {
                     EntryRef::Delta(&base, &delta).encode(id_len, &mut body);
+                    saved += p.len;
                     stats.chunks_delta += 1;
                     stats.bytes_delta += p.len as u64;
                 }
@@ -351,7 +409,7 @@ impl Sender {
         if !body.is_empty() {
             self.flush_data(link, seg, &mut body)?;
         }
-        Ok(())
+        Ok(saved)
     }
 
     fn flush_data<S: Read + Write>(
@@ -416,8 +474,16 @@ impl Sender {
                 "ACK for segment {seg} before its data was sent"
             )));
         }
-        self.adaptive
-            .observe(s.way, s.data.len(), s.started, Instant::now());
+        if s.way == Way::Dedup {
+            self.adaptive.redundancy(s.saved, s.data.len());
+        }
+        self.adaptive.observe(
+            s.way,
+            s.data.len(),
+            s.busy,
+            s.levels.len() as u32,
+            self.cfg.window,
+        );
         (stats.dedup_rate, stats.plain_rate) = self.adaptive.rates();
         Ok(())
     }

@@ -34,6 +34,8 @@ pub struct ChannelStats {
     pub segments_plain: u64,
     /// Message bytes sent in plain segments.
     pub bytes_plain: u64,
+    /// Plain segments whose chunks both ends indexed (KEEP), the link being the bottleneck.
+    pub segments_kept: u64,
     /// Segments sent with dedup.
     pub segments_dedup: u64,
     /// Request/have exchanges (one per segment and level).
@@ -46,9 +48,9 @@ pub struct ChannelStats {
     pub send_time: Duration,
     /// Time spent inside `recv`.
     pub recv_time: Duration,
-    /// The adaptive mode's latest estimate of dedup goodput, message bytes per second.
+    /// The adaptive mode's latest estimate of dedup speed, message bytes per second of sender time.
     pub dedup_rate: f64,
-    /// The adaptive mode's latest estimate of plain goodput, message bytes per second.
+    /// The adaptive mode's latest estimate of plain speed, message bytes per second of sender time.
     pub plain_rate: f64,
 }
 

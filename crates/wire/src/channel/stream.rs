@@ -291,6 +291,7 @@ impl<S: Read + Write> DedupStream<S> {
             Message::Plain {
                 seg,
                 end,
+                keep,
                 method,
                 raw_len,
                 body,
@@ -298,7 +299,7 @@ impl<S: Read + Write> DedupStream<S> {
                 link,
                 stats,
                 seg,
-                end,
+                (end, keep),
                 Packed {
                     method,
                     raw_len,
