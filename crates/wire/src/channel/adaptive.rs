@@ -16,8 +16,8 @@
 //!
 //! A plain segment teaches the sender nothing about what the receiver holds, so a dedup probe
 //! after a plain streak would find no delta bases and look worse than it is. When plain
-//! segments spend most of their time blocked in writes (the link is the bottleneck) and
-//! dedup segments have found redundancy, the
+//! segments spend most of their time blocked in writes and the receiver reports (in its ACKs)
+//! having been busy for much less than that (so the link is the bottleneck), the
 //! sender indexes their chunks as a dedup segment would, which then costs no time, and flags
 //! them KEEP so that the receiver keeps their chunks too; otherwise neither end spends
 //! anything beyond compression on a plain segment.
@@ -36,9 +36,9 @@ pub const PLAIN_MARGIN: f64 = 1.5;
 /// writes. A receiver slower than the sender blocks writes too, and keeping chunks would slow
 /// it further, hence well above half.
 const LINK_BOUND: f64 = 0.75;
-/// Plain segments are indexed only once dedup segments have sent this share of their bytes
-/// as references or deltas: on data without redundancy, indexing cannot pay.
-const WORTH_INDEXING: f64 = 0.1;
+/// Writes blocked for less than this multiple of the receiver's reported busy time are taken
+/// as the link's doing, not the receiver's.
+const RECEIVER_BOUND: f64 = 0.5;
 /// How much of the past each new sample keeps in the decayed sums.
 const KEEP: f64 = 0.75;
 
@@ -59,8 +59,9 @@ pub(crate) struct Adaptive {
     rtt: Option<Duration>,
     /// Share of a plain segment's time spent blocked in socket writes (a moving average).
     write_share: f64,
-    /// Share of a dedup segment's bytes sent as references or deltas (a moving average).
-    redundant: f64,
+    /// The receiver's busy time over the sender's blocked writes, for plain segments (a
+    /// moving average): near or above 1, the receiver, not the link, blocks the writes.
+    receiver_share: f64,
 }
 
 impl Adaptive {
@@ -72,7 +73,7 @@ impl Adaptive {
             segments: 0,
             rtt: None,
             write_share: 0.0,
-            redundant: 0.0,
+            receiver_share: 0.0,
         }
     }
 
@@ -106,25 +107,21 @@ impl Adaptive {
         }
     }
 
-    /// A plain segment spent `writes` of its `busy` time writing to the socket.
-    pub(crate) fn plain_writes(&mut self, writes: Duration, busy: Duration) {
+    /// A plain segment spent `writes` of its `busy` time writing to the socket, and the
+    /// receiver reported `receiver` busy time with its acknowledgement.
+    pub(crate) fn plain_sample(&mut self, writes: Duration, busy: Duration, receiver: Duration) {
         let share = writes.as_secs_f64() / busy.as_secs_f64().max(1e-9);
         self.write_share = 0.5 * self.write_share + 0.5 * share.min(1.0);
+        let rshare = receiver.as_secs_f64() / writes.as_secs_f64().max(1e-9);
+        self.receiver_share = 0.5 * self.receiver_share + 0.5 * rshare.min(10.0);
     }
 
-    /// A dedup segment of `len` bytes sent `saved` of them as references or deltas.
-    pub(crate) fn redundancy(&mut self, saved: usize, len: usize) {
-        let share = saved as f64 / len.max(1) as f64;
-        self.redundant = 0.5 * self.redundant + 0.5 * share;
-    }
-
-    /// Whether to index plain segments: the link, not the sender's CPU, bounds plain sending
-    /// (indexing then costs no time: the link drains while it runs), and dedup has found
-    /// redundancy on this connection (indexing then has something to find).
+    /// Whether to index plain segments: the link, not the sender's CPU nor the receiver,
+    /// bounds plain sending, so indexing costs no time (the link drains while it runs).
     pub(crate) fn link_bound(&self) -> bool {
         self.mode == Mode::Adaptive
             && self.write_share > LINK_BOUND
-            && self.redundant > WORTH_INDEXING
+            && self.receiver_share < RECEIVER_BOUND
     }
 
     /// A request was answered `rtt` after it was sent.

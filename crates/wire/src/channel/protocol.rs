@@ -145,6 +145,9 @@ pub enum Message {
     Ack {
         /// Segment number.
         seg: u64,
+        /// Microseconds the receiver spent working since its previous ACK: lets the sender
+        /// tell a slow receiver from a slow link.
+        busy_us: u32,
     },
 }
 
@@ -245,7 +248,10 @@ impl Message {
                 varint::put(out, u64::from(*index));
                 out.extend_from_slice(bytes);
             }
-            Message::Ack { seg } => out.extend_from_slice(&seg.to_le_bytes()),
+            Message::Ack { seg, busy_us } => {
+                out.extend_from_slice(&seg.to_le_bytes());
+                out.extend_from_slice(&busy_us.to_le_bytes());
+            }
         }
     }
 
@@ -343,7 +349,10 @@ impl Message {
                     bytes: bytes.to_vec(),
                 }
             }
-            ACK => Message::Ack { seg: r.u64()? },
+            ACK => Message::Ack {
+                seg: r.u64()?,
+                busy_us: u32::from_le_bytes(r.take(4)?.try_into().expect("4 bytes")),
+            },
             _ => return Ok(None),
         };
         if r.remaining() != 0 {
@@ -602,7 +611,7 @@ mod tests {
                     index,
                     bytes
                 }),
-            any::<u64>().prop_map(|seg| Message::Ack { seg }),
+            (any::<u64>(), any::<u32>()).prop_map(|(seg, busy_us)| Message::Ack { seg, busy_us }),
         ]
     }
 

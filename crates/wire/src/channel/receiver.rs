@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::io::{Read, Write};
 use std::sync::Arc;
+use std::time::Duration;
 
 use dedupwire_engine::compress::Compression;
 use dedupwire_engine::delta::{DeltaCodec, Sampled};
@@ -61,6 +62,8 @@ pub(crate) struct Receiver {
     msg: Option<InMsg>,
     segs: BTreeMap<u64, InSeg>,
     pub(crate) done: VecDeque<Vec<u8>>,
+    /// Time spent on the peer's segments since the last ACK (reported in the next one).
+    pub(crate) busy: Duration,
     codec: Sampled,
 }
 
@@ -77,6 +80,7 @@ impl Receiver {
             msg: None,
             segs: BTreeMap::new(),
             done: VecDeque::new(),
+            busy: Duration::ZERO,
             codec: Sampled::default(),
         }
     }
@@ -434,6 +438,13 @@ impl Receiver {
         Ok(())
     }
 
+    /// The busy time to report, in microseconds, restarting the count.
+    fn take_busy(busy: &mut Duration) -> u32 {
+        let us = busy.as_micros().min(u128::from(u32::MAX)) as u32;
+        *busy = Duration::ZERO;
+        us
+    }
+
     fn check_complete<S: Read + Write>(
         &mut self,
         link: &mut Link<S>,
@@ -464,7 +475,8 @@ impl Receiver {
         msg.open -= 1;
         let last = msg.last.map(|(l, _)| l);
         if last != Some(seg) {
-            link.send(&Message::Ack { seg })?;
+            let busy_us = Self::take_busy(&mut self.busy);
+            link.send(&Message::Ack { seg, busy_us })?;
         }
         if let (Some((last, end)), 0) = (msg.last, msg.open) {
             let msg = self.msg.take().expect("checked");
@@ -474,7 +486,8 @@ impl Receiver {
                     msg.buf.len()
                 )));
             }
-            link.send(&Message::Ack { seg: last })?;
+            let busy_us = Self::take_busy(&mut self.busy);
+            link.send(&Message::Ack { seg: last, busy_us })?;
             stats.messages_received += 1;
             stats.message_bytes_received += msg.buf.len() as u64;
             self.done.push_back(msg.buf);

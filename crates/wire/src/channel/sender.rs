@@ -66,8 +66,8 @@ struct OutSeg {
     asked: Instant,
     /// Time the sender spent on this segment (CPU and socket writes).
     busy: Duration,
-    /// Bytes that travelled as a reference or a delta.
-    saved: usize,
+    /// Time spent blocked writing its PLAIN frame.
+    writes: Duration,
     awaiting: Await,
 }
 
@@ -173,7 +173,7 @@ impl Sender {
         });
         let seg = self.next_seg;
         self.next_seg += 1;
-        let (levels, awaiting) = match way {
+        let (levels, awaiting, writes) = match way {
             Way::Plain => {
                 let body = self.compressor.compress(&bytes);
                 let writes = link.write_time;
@@ -186,15 +186,14 @@ impl Sender {
                     raw_len: bytes.len() as u32,
                     body,
                 })?;
-                self.adaptive
-                    .plain_writes(link.write_time - writes, started.elapsed());
+                let writes = link.write_time - writes;
                 if keep {
                     self.learn(&bytes)?;
                     stats.segments_kept += 1;
                 }
                 stats.segments_plain += 1;
                 stats.bytes_plain += bytes.len() as u64;
-                (Vec::new(), Await::Ack)
+                (Vec::new(), Await::Ack, writes)
             }
             Way::Dedup => {
                 let mut pieces = Vec::with_capacity(lens.len());
@@ -212,7 +211,7 @@ impl Sender {
                 })?;
                 stats.segments_dedup += 1;
                 stats.round_trips += 1;
-                (vec![pieces], Await::Have(0))
+                (vec![pieces], Await::Have(0), Duration::ZERO)
             }
         };
         self.inflight.insert(
@@ -223,7 +222,7 @@ impl Sender {
                 way,
                 asked: Instant::now(),
                 busy: started.elapsed(),
-                saved: 0,
+                writes,
                 awaiting,
             },
         );
@@ -292,7 +291,6 @@ impl Sender {
         let mut missing = Vec::new();
         for (i, (p, &held)) in s.levels[l].iter().zip(bits).enumerate() {
             if held {
-                s.saved += p.len;
                 stats.chunks_hit += 1;
                 stats.bytes_hit += p.len as u64;
                 self.store.put(&p.id, &s.data[p.off..p.off + p.len])?;
@@ -326,7 +324,7 @@ impl Sender {
             s.awaiting = Await::Have(level + 1);
             s.asked = Instant::now();
         } else {
-            s.saved += self.send_data(link, stats, seg, &s.data, &s.levels[l], &missing)?;
+            self.send_data(link, stats, seg, &s.data, &s.levels[l], &missing)?;
             if self.successor.len() > MAX_SUCCESSORS {
                 self.successor.clear();
             }
@@ -345,9 +343,8 @@ impl Sender {
         data: &[u8],
         pieces: &[Piece],
         missing: &[usize],
-    ) -> Result<usize> {
+    ) -> Result<()> {
         let id_len = self.cfg.identifier.id_len();
-        let mut saved = 0;
         let mut body = Vec::new();
         let mut sfs = Vec::new();
         let mut delta = Vec::new();
@@ -390,7 +387,6 @@ impl Sender {
             match base_used {
                 Some(base) => {
                     EntryRef::Delta(&base, &delta).encode(id_len, &mut body);
-                    saved += p.len;
                     stats.chunks_delta += 1;
                     stats.bytes_delta += p.len as u64;
                 }
@@ -409,7 +405,7 @@ impl Sender {
         if !body.is_empty() {
             self.flush_data(link, seg, &mut body)?;
         }
-        Ok(saved)
+        Ok(())
     }
 
     fn flush_data<S: Read + Write>(
@@ -465,7 +461,12 @@ impl Sender {
     }
 
     /// The receiver has rebuilt segment `seg`.
-    pub(crate) fn on_ack(&mut self, stats: &mut ChannelStats, seg: u64) -> Result<()> {
+    pub(crate) fn on_ack(
+        &mut self,
+        stats: &mut ChannelStats,
+        seg: u64,
+        busy_us: u32,
+    ) -> Result<()> {
         let s = self.inflight.remove(&seg).ok_or_else(|| {
             Error::Protocol(format!("ACK for segment {seg}, which is not in flight"))
         })?;
@@ -474,8 +475,9 @@ impl Sender {
                 "ACK for segment {seg} before its data was sent"
             )));
         }
-        if s.way == Way::Dedup {
-            self.adaptive.redundancy(s.saved, s.data.len());
+        if s.way == Way::Plain {
+            self.adaptive
+                .plain_sample(s.writes, s.busy, Duration::from_micros(u64::from(busy_us)));
         }
         self.adaptive.observe(
             s.way,

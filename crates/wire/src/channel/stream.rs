@@ -264,7 +264,15 @@ impl<S: Read + Write> DedupStream<S> {
             )));
         };
         let (link, stats) = (&mut self.link, &mut self.stats);
-        match m {
+        let started = Instant::now();
+        let for_receiver = matches!(
+            m,
+            Message::Request { .. }
+                | Message::Data { .. }
+                | Message::Plain { .. }
+                | Message::Raw { .. }
+        );
+        let r = match m {
             Message::Request {
                 seg,
                 level,
@@ -316,8 +324,12 @@ impl<S: Read + Write> DedupStream<S> {
                 self.sender.on_have(link, stats, seg, level, &bits)
             }
             Message::Need { seg, wants } => self.sender.on_need(link, stats, seg, &wants),
-            Message::Ack { seg } => self.sender.on_ack(stats, seg),
+            Message::Ack { seg, busy_us } => self.sender.on_ack(stats, seg, busy_us),
+        };
+        if for_receiver {
+            self.receiver.busy += started.elapsed();
         }
+        r
     }
 
     /// Ends the message gathered through `Write`, if one is open.
