@@ -3,11 +3,11 @@
 # target/bench-results/. The machine is shared and noisy: each figure is a median of runs.
 #   bench/run.sh                 all benchmarks
 #   bench/run.sh chunking delta  some of them (chunking, delta, reduction, analyze, analyze-images,
-#                                replicate, env, secure)
+#                                replicate, env, secure, channel)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=("$@")
-[ ${#which[@]} -gt 0 ] || which=(chunking delta reduction analyze analyze-images replicate env secure)
+[ ${#which[@]} -gt 0 ] || which=(chunking delta reduction analyze analyze-images replicate env secure channel)
 command -v xdelta3 >/dev/null || { apt-get update -qq && apt-get install -y -qq xdelta3 >/dev/null; }
 data=$(bash bench/fetch-data.sh | tail -n 1)
 cargo build --release -q -p dedupwire-bench -p dedupwire-cli
@@ -30,6 +30,21 @@ for b in "${which[@]}"; do
     # The encrypted transport (Noise, ChaCha20-Poly1305) beside plain frames, GB/s of frame
     # payload over loopback TCP and an in-memory pipe.
     secure) "$bench" secure --json "$out/secure.json" ;;
+    channel)
+      # Consecutive Django sdists (unpacked to .tar) through the dedup channel over loopback,
+      # beside zstd-3 over a plain socket; unshaped, then a 100 Mbit/s link. Then what rsync -z
+      # moves for the same releases, as tars and as unpacked trees (its best case).
+      command -v rsync >/dev/null || { apt-get update -qq && apt-get install -y -qq rsync >/dev/null; }
+      mkdir -p "$data/tars"
+      for f in "$data"/sdists/Django-*.tar.gz; do
+        t="$data/tars/$(basename "$f" .gz)"
+        [ -s "$t" ] || gzip -dc "$f" > "$t"
+      done
+      "$bench" channel "$data/tars" --modes dedup,adaptive,plain --json "$out/channel.json"
+      "$bench" channel "$data/tars" --modes dedup,adaptive --link-mbps 100 --json "$out/channel-100mbit.json"
+      echo "rsync -z, tars:"; bash bench/rsync-releases.sh tar "$data"/tars/Django-*.tar
+      echo "rsync -z, unpacked trees:"; bash bench/rsync-releases.sh tree "$data"/pkgs/django-*
+      ;;
     analyze)
       # End-to-end analysis speed (every method, both scopes) beside reading the same files:
       # exact (the default at this size), then with residual compression sampled 1 batch in 4.

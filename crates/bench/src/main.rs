@@ -4,6 +4,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod channel;
 mod chunking;
 mod delta;
 mod env;
@@ -20,6 +21,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Consecutive releases over loopback TCP: dedup channel vs plain zstd-3, socket bytes and MB/s.
+    Channel(channel::Args),
     /// Chunking and hashing throughput (ours vs the fastcdc crate vs memory bandwidth).
     Chunking(chunking::Args),
     /// Delta encode/decode speed and size (ours vs zstd-ref vs xdelta3 -9 vs zstd --patch-from).
@@ -36,6 +39,7 @@ enum Cmd {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
+        Cmd::Channel(a) => channel::run(&a),
         Cmd::Chunking(a) => chunking::run(&a),
         Cmd::Delta(a) => delta::run(&a),
         Cmd::Env(a) => env::run(&a),

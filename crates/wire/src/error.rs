@@ -60,6 +60,17 @@ pub enum Error {
     /// altered on the way).
     #[error("authentication failed: {0}")]
     Auth(String),
+    /// The two ends' configurations cannot be agreed on, or one is out of range: names the
+    /// element at fault.
+    #[error("configuration error: {0}")]
+    Config(String),
+    /// Data failed its end-to-end check: a chunk or a reconstructed message does not match
+    /// the hash the sender gave for it.
+    #[error("integrity error: {0}")]
+    Integrity(String),
+    /// The chunk store failed.
+    #[error("chunk store failed: {0}")]
+    Store(#[from] crate::store::StoreError),
 }
 
 fn peer_closed_message(offset: u64, mid_frame: bool) -> String {

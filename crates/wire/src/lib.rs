@@ -28,6 +28,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod channel;
 pub mod env;
 mod error;
 pub mod frame;
@@ -35,6 +36,10 @@ mod handshake;
 pub mod secure;
 pub mod store;
 
+pub use channel::{
+    ChannelConfig, ChannelStats, Chunker, DedupListener, DedupStream, Identifier, Mode, Registry,
+    Role,
+};
 pub use env::{EnvConfig, EnvStats, Environment};
 pub use error::{Error, Result};
 pub use frame::{

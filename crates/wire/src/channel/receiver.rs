@@ -1,0 +1,497 @@
+//! The receiving half of a channel end: answers requests from its chunk store, rebuilds each
+//! segment from held chunks, literals, deltas and re-sent chunks, checks every chunk's id and
+//! the whole message's hash, and keeps the new chunks.
+//!
+//! Everything here comes from the peer and is checked before use: segment numbers and levels
+//! must follow the protocol's order, refinements must cover exactly the chunks they replace,
+//! lengths must match, and a message may not outgrow `max_message`.
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dedupwire_engine::compress::Compression;
+use dedupwire_engine::delta::{DeltaCodec, Sampled};
+
+use super::config::ChannelConfig;
+use super::link::Link;
+use super::protocol::{decode_entries, Entry, Message, MessageEnd};
+use super::stats::ChannelStats;
+use crate::error::{Error, Result};
+use crate::store::{ChunkId, ChunkStore};
+
+#[derive(Debug, Clone, Copy)]
+struct InPiece {
+    off: usize,
+    len: usize,
+    id: ChunkId,
+}
+
+#[derive(Debug, Default)]
+struct InMsg {
+    buf: Vec<u8>,
+    open: usize,
+    last: Option<(u64, MessageEnd)>,
+}
+
+#[derive(Debug)]
+struct InSeg {
+    base: usize,
+    levels: Vec<Vec<InPiece>>,
+    missing: Vec<u32>,
+    data_pos: usize,
+    pending: usize,
+    needs: HashSet<(u8, u32)>,
+    refined: Vec<(u8, u32)>,
+}
+
+/// A compressed body as it arrived: method tag, length once decompressed, bytes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Packed<'a> {
+    pub(crate) method: u8,
+    pub(crate) raw_len: u32,
+    pub(crate) body: &'a [u8],
+}
+
+/// The receiving half.
+pub(crate) struct Receiver {
+    cfg: ChannelConfig,
+    store: Arc<dyn ChunkStore>,
+    next_seg: u64,
+    msg: Option<InMsg>,
+    segs: BTreeMap<u64, InSeg>,
+    pub(crate) done: VecDeque<Vec<u8>>,
+    /// Time spent on the peer's segments since the last ACK (reported in the next one).
+    pub(crate) busy: Duration,
+    codec: Sampled,
+}
+
+fn protocol(msg: String) -> Error {
+    Error::Protocol(msg)
+}
+
+impl Receiver {
+    pub(crate) fn new(cfg: ChannelConfig, store: Arc<dyn ChunkStore>) -> Receiver {
+        Receiver {
+            cfg,
+            store,
+            next_seg: 0,
+            msg: None,
+            segs: BTreeMap::new(),
+            done: VecDeque::new(),
+            busy: Duration::ZERO,
+            codec: Sampled::default(),
+        }
+    }
+
+    /// Whether a message has started arriving and is not complete yet.
+    pub(crate) fn mid_message(&self) -> bool {
+        self.msg.is_some()
+    }
+
+    /// Starts segment `seg` of `len` bytes: its place in the message buffer.
+    fn open_segment(&mut self, seg: u64, len: u64, end: Option<MessageEnd>) -> Result<usize> {
+        if seg != self.next_seg {
+            return Err(protocol(format!(
+                "segment {seg} arrived where segment {} was due",
+                self.next_seg
+            )));
+        }
+        if len > self.cfg.segment_size as u64 {
+            return Err(protocol(format!(
+                "segment {seg} has {len} bytes, more than the agreed {}",
+                self.cfg.segment_size
+            )));
+        }
+        self.next_seg += 1;
+        let msg = self.msg.get_or_insert_with(InMsg::default);
+        if let Some((last, _)) = msg.last {
+            return Err(protocol(format!(
+                "segment {seg} follows segment {last}, which ended the message"
+            )));
+        }
+        let base = msg.buf.len();
+        let new_len = base as u64 + len;
+        if new_len > self.cfg.max_message {
+            return Err(protocol(format!(
+                "the message grows past this end's limit of {} bytes",
+                self.cfg.max_message
+            )));
+        }
+        if let Some(e) = end {
+            if e.len != new_len {
+                return Err(protocol(format!(
+                    "the message's last segment says it has {} bytes, its segments add up to \
+                     {new_len}",
+                    e.len
+                )));
+            }
+            msg.last = Some((seg, e));
+        }
+        msg.buf.resize(new_len as usize, 0);
+        msg.open += 1;
+        Ok(base)
+    }
+
+    /// A request: open or refine the segment, answer what the store holds, fetch those chunks.
+    pub(crate) fn on_request<S: Read + Write>(
+        &mut self,
+        link: &mut Link<S>,
+        stats: &mut ChannelStats,
+        seg: u64,
+        level: u8,
+        end: Option<MessageEnd>,
+        chunks: &[(u32, ChunkId)],
+    ) -> Result<()> {
+        let l = level as usize;
+        if l >= self.cfg.levels.len() {
+            return Err(protocol(format!(
+                "request for level {level}; the agreed configuration has {} levels",
+                self.cfg.levels.len()
+            )));
+        }
+        let pieces: Vec<InPiece>;
+        if level == 0 {
+            let total: u64 = chunks.iter().map(|c| u64::from(c.0)).sum();
+            let base = self.open_segment(seg, total, end)?;
+            let mut off = 0;
+            pieces = chunks
+                .iter()
+                .map(|&(len, id)| {
+                    let p = InPiece {
+                        off,
+                        len: len as usize,
+                        id,
+                    };
+                    off += len as usize;
+                    p
+                })
+                .collect();
+            self.segs.insert(
+                seg,
+                InSeg {
+                    base,
+                    levels: Vec::new(),
+                    missing: Vec::new(),
+                    data_pos: 0,
+                    pending: 0,
+                    needs: HashSet::new(),
+                    refined: Vec::new(),
+                },
+            );
+        } else {
+            let s = self.segs.get_mut(&seg).ok_or_else(|| {
+                protocol(format!("level {level} request for unknown segment {seg}"))
+            })?;
+            if end.is_some() || s.levels.len() != l || s.data_pos > 0 || s.missing.is_empty() {
+                return Err(protocol(format!(
+                    "level {level} request for segment {seg} out of order"
+                )));
+            }
+            let parents = &s.levels[l - 1];
+            let mut out = Vec::with_capacity(chunks.len());
+            let mut next = chunks.iter();
+            for &i in &s.missing {
+                let p = parents[i as usize];
+                let mut covered = 0;
+                while covered < p.len {
+                    let &(len, id) = next.next().ok_or_else(|| {
+                        protocol(format!(
+                            "level {level} of segment {seg} does not cover the chunks it refines"
+                        ))
+                    })?;
+                    let len = len as usize;
+                    if len > p.len - covered {
+                        return Err(protocol(format!(
+                            "level {level} of segment {seg} crosses a chunk boundary of level {}",
+                            level - 1
+                        )));
+                    }
+                    out.push(InPiece {
+                        off: p.off + covered,
+                        len,
+                        id,
+                    });
+                    covered += len;
+                }
+            }
+            if next.next().is_some() {
+                return Err(protocol(format!(
+                    "level {level} of segment {seg} has more chunks than it refines"
+                )));
+            }
+            s.pending -= s.missing.len();
+            let refined = s.missing.iter().map(|&i| (level - 1, i));
+            s.refined.extend(refined);
+            pieces = out;
+        }
+        let ids: Vec<ChunkId> = pieces.iter().map(|p| p.id).collect();
+        let bits = self.store.contains_many(&ids)?;
+        if bits.len() != ids.len() {
+            return Err(Error::Store(crate::store::StoreError::Refused(format!(
+                "contains_many answered {} times for {} ids",
+                bits.len(),
+                ids.len()
+            ))));
+        }
+        link.send(&Message::Have {
+            seg,
+            level,
+            bits: bits.clone(),
+        })?;
+        let s = self.segs.get_mut(&seg).expect("opened above");
+        let msg = self.msg.as_mut().expect("opened with the segment");
+        s.missing = (0..pieces.len() as u32)
+            .filter(|&i| !bits[i as usize])
+            .collect();
+        s.pending += pieces.len();
+        let mut wants = Vec::new();
+        for (i, p) in pieces.iter().enumerate() {
+            if !bits[i] {
+                continue;
+            }
+            match self.store.get(&p.id)? {
+                Some(b) if b.len() == p.len => {
+                    msg.buf[s.base + p.off..s.base + p.off + p.len].copy_from_slice(&b);
+                    s.pending -= 1;
+                }
+                _ => wants.push((level, i as u32)),
+            }
+        }
+        s.levels.push(pieces);
+        self.need(link, stats, seg, wants)?;
+        self.check_complete(link, stats, seg)
+    }
+
+    fn need<S: Read + Write>(
+        &mut self,
+        link: &mut Link<S>,
+        stats: &mut ChannelStats,
+        seg: u64,
+        wants: Vec<(u8, u32)>,
+    ) -> Result<()> {
+        if wants.is_empty() {
+            return Ok(());
+        }
+        let s = self.segs.get_mut(&seg).expect("caller checked");
+        s.needs.extend(wants.iter().copied());
+        stats.chunks_needed += wants.len() as u64;
+        link.send(&Message::Need { seg, wants })
+    }
+
+    fn decompress(packed: Packed<'_>, what: &str) -> Result<Vec<u8>> {
+        Compression::decompress(packed.method, packed.body, packed.raw_len as usize)
+            .map_err(|e| protocol(format!("{what}: {e}")))
+    }
+
+    /// Checks `bytes` against piece `(level, index)` of `seg`, places them and keeps them.
+    fn fill(&mut self, seg: u64, level: u8, index: u32, bytes: &[u8]) -> Result<()> {
+        let s = self.segs.get_mut(&seg).expect("caller checked");
+        let msg = self.msg.as_mut().expect("a segment belongs to a message");
+        let p = s.levels[level as usize][index as usize];
+        if bytes.len() != p.len {
+            return Err(protocol(format!(
+                "chunk {index} of level {level} of segment {seg} arrived with {} bytes, {} were \
+                 announced",
+                bytes.len(),
+                p.len
+            )));
+        }
+        if self.cfg.identifier.identify(bytes) != p.id {
+            return Err(Error::Integrity(format!(
+                "chunk {index} of level {level} of segment {seg} does not match its id {:?}",
+                p.id
+            )));
+        }
+        msg.buf[s.base + p.off..s.base + p.off + p.len].copy_from_slice(bytes);
+        s.pending -= 1;
+        self.store.put(&p.id, bytes)?;
+        Ok(())
+    }
+
+    /// Missing chunks, literal or delta.
+    pub(crate) fn on_data<S: Read + Write>(
+        &mut self,
+        link: &mut Link<S>,
+        stats: &mut ChannelStats,
+        seg: u64,
+        packed: Packed<'_>,
+    ) -> Result<()> {
+        if !self.segs.contains_key(&seg) {
+            return Err(protocol(format!("DATA for unknown segment {seg}")));
+        }
+        let body = Self::decompress(packed, "DATA body")?;
+        let entries = decode_entries(&body, &link.limits)?;
+        let mut wants = Vec::new();
+        for e in entries {
+            let s = self.segs.get_mut(&seg).expect("checked above");
+            let level = (s.levels.len() - 1) as u8;
+            let Some(&index) = s.missing.get(s.data_pos) else {
+                return Err(protocol(format!(
+                    "DATA for segment {seg} has more entries than chunks are missing"
+                )));
+            };
+            s.data_pos += 1;
+            let len = s.levels[level as usize][index as usize].len;
+            match e {
+                Entry::Literal(b) => self.fill(seg, level, index, &b)?,
+                Entry::Delta { base, delta } => match self.store.get(&base)? {
+                    None => wants.push((level, index)),
+                    Some(src) => {
+                        let mut out = Vec::with_capacity(len);
+                        self.codec
+                            .decode(&src, &delta, len, &mut out)
+                            .map_err(|e| protocol(format!("delta for segment {seg}: {e}")))?;
+                        self.fill(seg, level, index, &out)?;
+                    }
+                },
+            }
+        }
+        self.need(link, stats, seg, wants)?;
+        self.check_complete(link, stats, seg)
+    }
+
+    /// A chunk sent whole after a NEED.
+    pub(crate) fn on_raw<S: Read + Write>(
+        &mut self,
+        link: &mut Link<S>,
+        stats: &mut ChannelStats,
+        seg: u64,
+        level: u8,
+        index: u32,
+        bytes: &[u8],
+    ) -> Result<()> {
+        let asked = self
+            .segs
+            .get_mut(&seg)
+            .is_some_and(|s| s.needs.remove(&(level, index)));
+        if !asked {
+            return Err(protocol(format!(
+                "RAW chunk {index} of level {level} of segment {seg}, which was not asked for"
+            )));
+        }
+        self.fill(seg, level, index, bytes)?;
+        self.check_complete(link, stats, seg)
+    }
+
+    /// A whole segment, compressed: placed, acknowledged, and then, when the sender indexed
+    /// it too, its chunks kept for later messages (after the ACK, so that keeping them does
+    /// not count against plain sending).
+    pub(crate) fn on_plain<S: Read + Write>(
+        &mut self,
+        link: &mut Link<S>,
+        stats: &mut ChannelStats,
+        seg: u64,
+        (end, keep): (Option<MessageEnd>, bool),
+        packed: Packed<'_>,
+    ) -> Result<()> {
+        if packed.raw_len as usize > self.cfg.segment_size {
+            return Err(protocol(format!(
+                "plain segment {seg} has {} bytes, more than the agreed segment size",
+                packed.raw_len
+            )));
+        }
+        let data = Self::decompress(packed, "PLAIN segment")?;
+        let base = self.open_segment(seg, data.len() as u64, end)?;
+        let msg = self.msg.as_mut().expect("opened");
+        msg.buf[base..base + data.len()].copy_from_slice(&data);
+        self.segs.insert(
+            seg,
+            InSeg {
+                base,
+                levels: Vec::new(),
+                missing: Vec::new(),
+                data_pos: 0,
+                pending: 0,
+                needs: HashSet::new(),
+                refined: Vec::new(),
+            },
+        );
+        self.check_complete(link, stats, seg)?;
+        if keep {
+            self.keep_chunks(&data)?;
+        }
+        Ok(())
+    }
+
+    /// Cuts `data` at every level and keeps each chunk, as a dedup segment would have left them.
+    fn keep_chunks(&self, data: &[u8]) -> Result<()> {
+        let mut spans = vec![(0usize, data.len())];
+        let mut lens = Vec::new();
+        for chunker in &self.cfg.levels {
+            let mut next = Vec::new();
+            for &(off, len) in &spans {
+                lens.clear();
+                chunker.cut(&data[off..off + len], &mut lens);
+                let mut o = off;
+                for &l in &lens {
+                    let chunk = &data[o..o + l];
+                    self.store
+                        .put(&self.cfg.identifier.identify(chunk), chunk)?;
+                    next.push((o, l));
+                    o += l;
+                }
+            }
+            spans = next;
+        }
+        Ok(())
+    }
+
+    /// The busy time to report, in microseconds, restarting the count.
+    fn take_busy(busy: &mut Duration) -> u32 {
+        let us = busy.as_micros().min(u128::from(u32::MAX)) as u32;
+        *busy = Duration::ZERO;
+        us
+    }
+
+    fn check_complete<S: Read + Write>(
+        &mut self,
+        link: &mut Link<S>,
+        stats: &mut ChannelStats,
+        seg: u64,
+    ) -> Result<()> {
+        let complete = self
+            .segs
+            .get(&seg)
+            .is_some_and(|s| s.pending == 0 && s.needs.is_empty() && s.data_pos == s.missing.len());
+        if !complete {
+            return Ok(());
+        }
+        let s = self.segs.remove(&seg).expect("checked");
+        let msg = self.msg.as_mut().expect("a segment belongs to a message");
+        for &(level, index) in &s.refined {
+            let p = s.levels[level as usize][index as usize];
+            let bytes = &msg.buf[s.base + p.off..s.base + p.off + p.len];
+            if self.cfg.identifier.identify(bytes) != p.id {
+                return Err(Error::Integrity(format!(
+                    "chunk {index} of level {level} of segment {seg} does not match its id {:?} \
+                     once rebuilt from its parts",
+                    p.id
+                )));
+            }
+            self.store.put(&p.id, bytes)?;
+        }
+        msg.open -= 1;
+        let last = msg.last.map(|(l, _)| l);
+        if last != Some(seg) {
+            let busy_us = Self::take_busy(&mut self.busy);
+            link.send(&Message::Ack { seg, busy_us })?;
+        }
+        if let (Some((last, end)), 0) = (msg.last, msg.open) {
+            let msg = self.msg.take().expect("checked");
+            if blake3::hash(&msg.buf).as_bytes() != &end.hash {
+                return Err(Error::Integrity(format!(
+                    "the reconstructed message ({} bytes) does not match its hash",
+                    msg.buf.len()
+                )));
+            }
+            let busy_us = Self::take_busy(&mut self.busy);
+            link.send(&Message::Ack { seg: last, busy_us })?;
+            stats.messages_received += 1;
+            stats.message_bytes_received += msg.buf.len() as u64;
+            self.done.push_back(msg.buf);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,450 @@
+//! [`DedupStream`] and [`DedupListener`]: the channel's public face, a message socket.
+//!
+//! One thread drives both halves of an end: while `send` waits for answers it also serves
+//! the peer's own messages (answers its requests, rebuilds its segments), and `recv` answers
+//! the peer's questions until a whole message has arrived and been verified. So both ends may
+//! send and receive on one connection. The restriction: both ends sending bulk at the same
+//! moment can stall once both sockets' buffers are full of data frames neither end is
+//! reading (each end writes a data frame of about 4 MiB before reading again); use one
+//! connection per direction for heavy traffic both ways at once.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::config::ChannelConfig;
+use super::link::Link;
+use super::protocol::{Limits, Message, PROTOCOL, VERSION};
+use super::receiver::{Packed, Receiver};
+use super::sender::Sender;
+use super::stats::ChannelStats;
+use crate::error::{Error, Result};
+use crate::frame::{FrameType, Framed};
+use crate::handshake::Hello;
+use crate::store::ChunkStore;
+
+/// Which side of the handshake an end plays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Proposes its configuration.
+    Connect,
+    /// Accepts the peer's proposal or refuses it.
+    Accept,
+}
+
+/// A deduplicating message channel over a byte stream: `send` a message, `recv` one.
+///
+/// `send` returns once the peer has rebuilt the message and checked it against its hash;
+/// `recv` returns the next message, verified. `Write` gathers bytes into one message, sent in
+/// segments as they fill and ended by `flush`; `Read` reads received messages back to back.
+pub struct DedupStream<S: Read + Write> {
+    link: Link<S>,
+    sender: Sender,
+    receiver: Receiver,
+    stats: ChannelStats,
+    config: ChannelConfig,
+    broken: Option<String>,
+    wbuf: Vec<u8>,
+    rbuf: Vec<u8>,
+    rpos: usize,
+}
+
+impl<S: Read + Write> std::fmt::Debug for DedupStream<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DedupStream")
+            .field("config", &self.config.describe())
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl DedupStream<TcpStream> {
+    /// Connects to a [`DedupListener`] at `addr` and agrees on `config`.
+    pub fn connect(
+        addr: impl ToSocketAddrs,
+        store: Arc<dyn ChunkStore>,
+        config: ChannelConfig,
+    ) -> Result<Self> {
+        let stream = TcpStream::connect(addr).map_err(Error::Io)?;
+        stream.set_nodelay(true).map_err(Error::Io)?;
+        DedupStream::new(stream, store, config, Role::Connect)
+    }
+}
+
+impl<S: Read + Write> DedupStream<S> {
+    /// A channel over `stream` (a socket, a TLS or Noise stream), after the handshake.
+    pub fn new(
+        stream: S,
+        store: Arc<dyn ChunkStore>,
+        config: ChannelConfig,
+        role: Role,
+    ) -> Result<Self> {
+        config.validate()?;
+        let mut framed = Framed::new(stream);
+        let hello = Hello::new(PROTOCOL, VERSION..=VERSION);
+        let agreed = match role {
+            Role::Connect => {
+                let ours = config.encode();
+                framed.send_hello(&hello.clone().with_data(ours.clone()))?;
+                let answer = framed.recv_hello(&hello)?;
+                if answer.peer.data != ours {
+                    let e = Error::Config(
+                        "the listening end answered with another configuration than the one \
+                         proposed"
+                            .into(),
+                    );
+                    let _ = framed.send_error(&e.to_string());
+                    return Err(e);
+                }
+                config
+            }
+            Role::Accept => {
+                let proposal = framed.recv_hello(&hello)?;
+                match config.accept(&proposal.peer.data) {
+                    Ok(agreed) => {
+                        framed.send_hello(&hello.with_data(agreed.encode()))?;
+                        agreed
+                    }
+                    Err(e) => {
+                        let _ = framed.send_error(&format!(
+                            "the listening end refuses the proposed configuration: {e}"
+                        ));
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        let limits = Limits {
+            id_len: agreed.identifier.id_len(),
+            max_segment: agreed.segment_size,
+        };
+        Ok(DedupStream {
+            link: Link::new(framed, limits),
+            sender: Sender::new(agreed.clone(), store.clone()),
+            receiver: Receiver::new(agreed.clone(), store),
+            stats: ChannelStats::default(),
+            config: agreed,
+            broken: None,
+            wbuf: Vec::new(),
+            rbuf: Vec::new(),
+            rpos: 0,
+        })
+    }
+
+    /// The configuration both ends agreed on.
+    pub fn config(&self) -> &ChannelConfig {
+        &self.config
+    }
+
+    /// What this end has moved so far.
+    pub fn stats(&self) -> ChannelStats {
+        let mut s = self.stats.clone();
+        s.socket_bytes_sent = self.link.framed.bytes_written();
+        s.socket_bytes_received = self.link.framed.bytes_read();
+        s
+    }
+
+    /// The underlying stream.
+    pub fn get_ref(&self) -> &S {
+        self.link.framed.get_ref()
+    }
+
+    /// Sends `msg` as one message; returns once the peer has rebuilt and verified it.
+    pub fn send(&mut self, msg: &[u8]) -> Result<()> {
+        let t = Instant::now();
+        self.check()?;
+        if !self.wbuf.is_empty() || self.sender.open() {
+            return Err(Error::Protocol(
+                "a message written through io::Write is still open: flush it before send".into(),
+            ));
+        }
+        let r = self.push(msg, true).and_then(|_| self.settle());
+        self.stats.send_time += t.elapsed();
+        r?;
+        self.stats.messages_sent += 1;
+        self.stats.message_bytes_sent += msg.len() as u64;
+        Ok(())
+    }
+
+    /// The next message from the peer, verified end to end. A peer that closed between
+    /// messages is [`Error::PeerClosed`] with `mid_frame: false`.
+    pub fn recv(&mut self) -> Result<Vec<u8>> {
+        let t = Instant::now();
+        let r = (|| loop {
+            if let Some(m) = self.receiver.done.pop_front() {
+                return Ok(m);
+            }
+            self.pump()?;
+        })();
+        self.stats.recv_time += t.elapsed();
+        r
+    }
+
+    /// Finishes what is in flight, says goodbye and drops the connection.
+    pub fn close(mut self) -> Result<()> {
+        self.flush_message()?;
+        self.settle()?;
+        self.link.close()
+    }
+
+    /// Sends segments from `data`: every full segment, and the rest too when `last`.
+    fn push(&mut self, data: &[u8], last: bool) -> Result<usize> {
+        let seg = self.config.segment_size;
+        let mut pos = 0;
+        loop {
+            let rest = &data[pos..];
+            if !last && rest.len() < seg {
+                return Ok(pos);
+            }
+            while self.sender.needs_room() {
+                self.pump()?;
+            }
+            let final_seg = last && rest.len() <= seg;
+            pos += self
+                .sender
+                .emit(&mut self.link, &mut self.stats, rest, final_seg)
+                .map_err(|e| self.broke(e))?;
+            if final_seg {
+                return Ok(pos);
+            }
+        }
+    }
+
+    /// Serves the peer until every segment sent has been acknowledged.
+    fn settle(&mut self) -> Result<()> {
+        while !self.sender.idle() {
+            self.pump()?;
+        }
+        Ok(())
+    }
+
+    fn check(&self) -> Result<()> {
+        match &self.broken {
+            Some(why) => Err(Error::Protocol(format!(
+                "the channel stopped after an earlier error: {why}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn broke(&mut self, e: Error) -> Error {
+        self.broken = Some(e.to_string());
+        self.link.fail(e)
+    }
+
+    /// Reads one frame and acts on it.
+    fn pump(&mut self) -> Result<()> {
+        self.check()?;
+        self.pump_one().map_err(|e| self.broke(e))
+    }
+
+    fn pump_one(&mut self) -> Result<()> {
+        let frame = self.link.read()?;
+        match frame.kind {
+            FrameType::CLOSE => {
+                return Err(Error::PeerClosed {
+                    offset: self.link.framed.bytes_read(),
+                    mid_frame: self.receiver.mid_message() || !self.sender.idle(),
+                })
+            }
+            FrameType::PING => {
+                return self
+                    .link
+                    .framed
+                    .write_frame(FrameType::PONG, &frame.payload)
+            }
+            FrameType::PONG => return Ok(()),
+            _ => {}
+        }
+        let Some(m) = Message::decode(frame.kind, &frame.payload, &self.link.limits)? else {
+            return Err(Error::Protocol(format!(
+                "unexpected frame of type {} on a channel",
+                frame.kind
+            )));
+        };
+        let (link, stats) = (&mut self.link, &mut self.stats);
+        let started = Instant::now();
+        let for_receiver = matches!(
+            m,
+            Message::Request { .. }
+                | Message::Data { .. }
+                | Message::Plain { .. }
+                | Message::Raw { .. }
+        );
+        let r = match m {
+            Message::Request {
+                seg,
+                level,
+                end,
+                chunks,
+            } => self
+                .receiver
+                .on_request(link, stats, seg, level, end, &chunks),
+            Message::Data {
+                seg,
+                method,
+                raw_len,
+                body,
+            } => self.receiver.on_data(
+                link,
+                stats,
+                seg,
+                Packed {
+                    method,
+                    raw_len,
+                    body: &body,
+                },
+            ),
+            Message::Plain {
+                seg,
+                end,
+                keep,
+                method,
+                raw_len,
+                body,
+            } => self.receiver.on_plain(
+                link,
+                stats,
+                seg,
+                (end, keep),
+                Packed {
+                    method,
+                    raw_len,
+                    body: &body,
+                },
+            ),
+            Message::Raw {
+                seg,
+                level,
+                index,
+                bytes,
+            } => self.receiver.on_raw(link, stats, seg, level, index, &bytes),
+            Message::Have { seg, level, bits } => {
+                self.sender.on_have(link, stats, seg, level, &bits)
+            }
+            Message::Need { seg, wants } => self.sender.on_need(link, stats, seg, &wants),
+            Message::Ack { seg, busy_us } => self.sender.on_ack(stats, seg, busy_us),
+        };
+        if for_receiver {
+            self.receiver.busy += started.elapsed();
+        }
+        r
+    }
+
+    /// Ends the message gathered through `Write`, if one is open.
+    fn flush_message(&mut self) -> Result<()> {
+        if self.wbuf.is_empty() && !self.sender.open() {
+            return Ok(());
+        }
+        let t = Instant::now();
+        let buf = std::mem::take(&mut self.wbuf);
+        let r = self.push(&buf, true).and_then(|_| self.settle());
+        self.stats.send_time += t.elapsed();
+        r?;
+        self.stats.messages_sent += 1;
+        Ok(())
+    }
+}
+
+fn to_io(e: Error) -> io::Error {
+    match e {
+        Error::Io(e) => e,
+        Error::PeerClosed { .. } => io::Error::new(io::ErrorKind::BrokenPipe, e),
+        e => io::Error::other(e),
+    }
+}
+
+impl<S: Read + Write> Write for DedupStream<S> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.check().map_err(to_io)?;
+        self.wbuf.extend_from_slice(buf);
+        self.stats.message_bytes_sent += buf.len() as u64;
+        if self.wbuf.len() >= 2 * self.config.segment_size {
+            let pending = std::mem::take(&mut self.wbuf);
+            let t = Instant::now();
+            let r = self.push(&pending, false);
+            self.stats.send_time += t.elapsed();
+            let used = r.map_err(to_io)?;
+            self.wbuf = pending;
+            self.wbuf.drain(..used);
+        }
+        Ok(buf.len())
+    }
+
+    /// Ends the message: what was written since the last flush is one message.
+    fn flush(&mut self) -> io::Result<()> {
+        self.flush_message().map_err(to_io)
+    }
+}
+
+impl<S: Read + Write> Read for DedupStream<S> {
+    /// Reads received messages back to back; end of stream when the peer has closed.
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.rpos == self.rbuf.len() {
+            match self.recv() {
+                Ok(m) => {
+                    self.rbuf = m;
+                    self.rpos = 0;
+                }
+                Err(Error::PeerClosed {
+                    mid_frame: false, ..
+                }) => return Ok(0),
+                Err(e) => return Err(to_io(e)),
+            }
+        }
+        let n = buf.len().min(self.rbuf.len() - self.rpos);
+        buf[..n].copy_from_slice(&self.rbuf[self.rpos..self.rpos + n]);
+        self.rpos += n;
+        Ok(n)
+    }
+}
+
+/// Accepts dedup channels on a TCP port, all sharing one chunk store.
+pub struct DedupListener {
+    listener: TcpListener,
+    store: Arc<dyn ChunkStore>,
+    config: ChannelConfig,
+}
+
+impl std::fmt::Debug for DedupListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DedupListener")
+            .field("listener", &self.listener)
+            .field("config", &self.config.describe())
+            .finish()
+    }
+}
+
+impl DedupListener {
+    /// Listens on `addr`; accepted channels use `store` and agree on `config`.
+    pub fn bind(
+        addr: impl ToSocketAddrs,
+        store: Arc<dyn ChunkStore>,
+        config: ChannelConfig,
+    ) -> Result<DedupListener> {
+        config.validate()?;
+        Ok(DedupListener {
+            listener: TcpListener::bind(addr).map_err(Error::Io)?,
+            store,
+            config,
+        })
+    }
+
+    /// The address it listens on (to learn the port after binding port 0).
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        self.listener.local_addr().map_err(Error::Io)
+    }
+
+    /// The next connection, after the handshake.
+    pub fn accept(&self) -> Result<DedupStream<TcpStream>> {
+        let (stream, _) = self.listener.accept().map_err(Error::Io)?;
+        stream.set_nodelay(true).map_err(Error::Io)?;
+        DedupStream::new(
+            stream,
+            self.store.clone(),
+            self.config.clone(),
+            Role::Accept,
+        )
+    }
+}

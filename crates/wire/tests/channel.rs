@@ -1,0 +1,526 @@
+//! The dedup channel end to end over loopback TCP: round trips, bytes saved, the delta and
+//! multi-level paths, both directions, refusals, damage, vanishing peers, forgetful stores and
+//! the adaptive mode.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+
+use dedupwire_engine::chunk::ChunkerSpec;
+use dedupwire_wire::channel::protocol::{self, EntryRef, Message, MessageEnd};
+use dedupwire_wire::channel::Xxh3Id;
+use dedupwire_wire::{
+    ChannelConfig, ChannelStats, ChunkId, ChunkStore, DedupListener, DedupStream, Error, FrameType,
+    Framed, Hello, MemoryStore, Mode, StoreError,
+};
+
+fn random(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// Text-like bytes: words from a small vocabulary, so zstd and CDC both have something to do.
+fn structured(n: usize, seed: u64) -> Vec<u8> {
+    const WORDS: [&str; 12] = [
+        "def ", "return ", "self", ".value", " = ", "(x)", "\n    ", "import ", "django", "model",
+        ":\n", "# note ",
+    ];
+    let r = random(n, seed);
+    let mut out = Vec::with_capacity(n + 16);
+    let mut i = 0;
+    while out.len() < n {
+        out.extend_from_slice(WORDS[r[i % r.len()] as usize % WORDS.len()].as_bytes());
+        if r[(i * 7) % r.len()] < 8 {
+            out.extend_from_slice(format!("{i}").as_bytes());
+        }
+        i += 1;
+    }
+    out.truncate(n);
+    out
+}
+
+fn small_segments(mut c: ChannelConfig) -> ChannelConfig {
+    c.segment_size = 256 << 10;
+    c
+}
+
+fn dedup_config() -> ChannelConfig {
+    let mut c = small_segments(ChannelConfig::default());
+    c.mode = Mode::Dedup;
+    c
+}
+
+/// Runs `server` on the accepted end in a thread and `client` on the connecting end.
+fn pair<T: Send + 'static, U>(
+    server_config: ChannelConfig,
+    client_config: ChannelConfig,
+    server_store: Arc<dyn ChunkStore>,
+    server: impl FnOnce(DedupStream<TcpStream>) -> T + Send + 'static,
+    client: impl FnOnce(DedupStream<TcpStream>) -> U,
+) -> (T, U) {
+    let listener = DedupListener::bind("127.0.0.1:0", server_store, server_config).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let h = thread::spawn(move || server(listener.accept().unwrap()));
+    let c = DedupStream::connect(addr, Arc::new(MemoryStore::new()), client_config).unwrap();
+    let u = client(c);
+    (h.join().unwrap(), u)
+}
+
+/// Sends `messages` one by one; the server checks each and reports its stats.
+fn send_all(config: ChannelConfig, messages: Vec<Vec<u8>>) -> Vec<ChannelStats> {
+    let expect = messages.clone();
+    let (_, stats) = pair(
+        config.clone(),
+        config,
+        Arc::new(MemoryStore::new()),
+        move |mut s| {
+            for m in &expect {
+                assert_eq!(&s.recv().unwrap(), m);
+            }
+        },
+        |mut c| {
+            let mut all = Vec::new();
+            let mut before = c.stats();
+            for m in &messages {
+                c.send(m).unwrap();
+                let now = c.stats();
+                let mut d = now.clone();
+                d.socket_bytes_sent -= before.socket_bytes_sent;
+                d.chunks_delta -= before.chunks_delta;
+                d.chunks_hit -= before.chunks_hit;
+                d.chunks_literal -= before.chunks_literal;
+                d.bytes_literal -= before.bytes_literal;
+                d.bytes_delta -= before.bytes_delta;
+                d.bytes_hit -= before.bytes_hit;
+                all.push(d);
+                before = now;
+            }
+            c.close().unwrap();
+            all
+        },
+    );
+    stats
+}
+
+#[test]
+fn round_trips_random_and_structured_messages() {
+    let messages = vec![
+        Vec::new(),
+        b"x".to_vec(),
+        random(300_000, 1),
+        structured(700_000, 2),
+        random(1 << 20, 3),
+        Vec::new(),
+    ];
+    for mode in [Mode::Dedup, Mode::Plain, Mode::Adaptive] {
+        let mut c = small_segments(ChannelConfig::default());
+        c.mode = mode;
+        let stats = send_all(c, messages.clone());
+        assert_eq!(stats.len(), messages.len());
+    }
+}
+
+#[test]
+fn a_similar_second_message_moves_far_fewer_bytes() {
+    let n = 10 << 20;
+    let first = random(n, 10);
+    let mut second = first.clone();
+    let r = random(64, 11);
+    for (k, &rk) in r.iter().take(50).enumerate() {
+        let at = k * (n / 50) + rk as usize * 400;
+        second[at..at + 10_000].copy_from_slice(&random(10_000, 100 + k as u64));
+    }
+    let c = ChannelConfig {
+        mode: Mode::Dedup,
+        ..Default::default()
+    };
+    let stats = send_all(c, vec![first, second]);
+    assert!(stats[0].socket_bytes_sent > n as u64, "{:?}", stats[0]);
+    let ratio = stats[1].socket_bytes_sent as f64 / n as f64;
+    assert!(
+        ratio < 0.10,
+        "second message cost {:.1}% of its size: {:?}",
+        ratio * 100.0,
+        stats[1]
+    );
+    assert!(stats[1].bytes_hit > (n as u64) * 7 / 10, "{:?}", stats[1]);
+}
+
+#[test]
+fn a_slightly_changed_chunk_travels_as_a_delta() {
+    let first = random(1 << 20, 20);
+    let mut second = first.clone();
+    for k in 0..64 {
+        second[k * 16_000 + 999] ^= 0x55;
+    }
+    let stats = send_all(dedup_config(), vec![first, second]);
+    assert!(stats[1].chunks_delta >= 32, "{:?}", stats[1]);
+    assert!(
+        stats[1].socket_bytes_sent < (1 << 20) / 10,
+        "{:?}",
+        stats[1].socket_bytes_sent
+    );
+}
+
+#[test]
+fn the_fine_level_finds_redundancy_inside_coarse_chunks() {
+    let first = random(2 << 20, 30);
+    let mut second = first.clone();
+    for k in 0..32 {
+        second[k * 65_536 + 7] ^= 1;
+    }
+    let levels = [ChunkerSpec::cdc(64 << 10), ChunkerSpec::cdc(4 << 10)];
+    let base = ChannelConfig {
+        mode: Mode::Dedup,
+        segment_size: 256 << 10,
+        ..ChannelConfig::with_levels(&levels).unwrap()
+    };
+    let mut coarse_only = base.clone();
+    coarse_only.delta = false;
+    coarse_only.levels.truncate(1);
+    let mut two_levels = base;
+    two_levels.delta = false;
+    let one = send_all(coarse_only, vec![first.clone(), second.clone()]);
+    let two = send_all(two_levels, vec![first, second]);
+    assert!(
+        two[1].socket_bytes_sent * 4 < one[1].socket_bytes_sent,
+        "two levels {} bytes, coarse only {}",
+        two[1].socket_bytes_sent,
+        one[1].socket_bytes_sent
+    );
+    assert!(two[1].bytes_hit > (2 << 20) * 8 / 10, "{:?}", two[1]);
+}
+
+#[test]
+fn both_ends_send_and_receive() {
+    let a = structured(200_000, 40);
+    let b = random(150_000, 41);
+    let (a2, b2) = (a.clone(), b.clone());
+    let (got_by_server, got_by_client) = pair(
+        dedup_config(),
+        dedup_config(),
+        Arc::new(MemoryStore::new()),
+        move |mut s| {
+            s.send(&b2).unwrap();
+            let first = s.recv().unwrap();
+            let echo = s.recv().unwrap();
+            s.send(&echo).unwrap();
+            (first, s.stats())
+        },
+        move |mut c| {
+            c.send(&a2).unwrap();
+            let first = c.recv().unwrap();
+            c.send(&first).unwrap();
+            let echoed = c.recv().unwrap();
+            assert_eq!(echoed, first);
+            let st = c.stats();
+            c.close().unwrap();
+            (first, st)
+        },
+    );
+    assert_eq!(got_by_server.0, a);
+    assert_eq!(got_by_client.0, b);
+    assert_eq!(got_by_client.1.messages_received, 2);
+    assert_eq!(got_by_server.1.messages_received, 2);
+    assert!(
+        got_by_server.1.chunks_hit > 0,
+        "the echo dedups against what the server received: {:?}",
+        got_by_server.1
+    );
+}
+
+#[test]
+fn a_configuration_mismatch_is_a_clear_error_on_both_ends() {
+    let server = ChannelConfig::default();
+    let client = ChannelConfig {
+        identifier: Arc::new(Xxh3Id),
+        ..Default::default()
+    };
+    let listener =
+        DedupListener::bind("127.0.0.1:0", Arc::new(MemoryStore::new()), server).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let h = thread::spawn(move || listener.accept().unwrap_err());
+    let e = DedupStream::connect(addr, Arc::new(MemoryStore::new()), client).unwrap_err();
+    let server_err = h.join().unwrap();
+    assert!(matches!(server_err, Error::Config(_)), "{server_err}");
+    assert!(
+        server_err.to_string().contains("identifier mismatch"),
+        "{server_err}"
+    );
+    assert!(matches!(e, Error::Remote(_)), "{e}");
+    assert!(
+        e.to_string().contains("identifier mismatch") && e.to_string().contains("xxh3-128"),
+        "{e}"
+    );
+}
+
+/// A connecting end speaking raw frames, after a real handshake.
+fn raw_client(config: &ChannelConfig) -> (Framed<TcpStream>, thread::JoinHandle<Error>) {
+    let listener =
+        DedupListener::bind("127.0.0.1:0", Arc::new(MemoryStore::new()), config.clone()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let h = thread::spawn(move || {
+        let mut s = listener.accept().unwrap();
+        loop {
+            if let Err(e) = s.recv() {
+                return e;
+            }
+        }
+    });
+    let mut f = Framed::new(TcpStream::connect(addr).unwrap());
+    let hello = Hello::new(protocol::PROTOCOL, 1..=1);
+    f.send_hello(&hello.clone().with_data(config.encode()))
+        .unwrap();
+    f.recv_hello(&hello).unwrap();
+    (f, h)
+}
+
+fn frame(m: &Message) -> (FrameType, Vec<u8>) {
+    let mut b = Vec::new();
+    m.encode(32, &mut b);
+    (m.frame_type(), b)
+}
+
+#[test]
+fn garbage_and_truncated_frames_are_errors_not_panics() {
+    let config = dedup_config();
+    let cases: Vec<Vec<(FrameType, Vec<u8>)>> = vec![
+        vec![(protocol::REQUEST, vec![1, 2, 3])],
+        vec![(protocol::DATA, vec![0; 9])],
+        vec![(protocol::HAVE, vec![0xff; 40])],
+        vec![(FrameType(0x7f), b"what".to_vec())],
+        vec![frame(&Message::Request {
+            seg: 5,
+            level: 0,
+            end: None,
+            chunks: vec![],
+        })],
+        vec![frame(&Message::Raw {
+            seg: 0,
+            level: 0,
+            index: 0,
+            bytes: vec![1],
+        })],
+        vec![
+            frame(&Message::Request {
+                seg: 0,
+                level: 0,
+                end: None,
+                chunks: vec![(4, ChunkId([3; 32]))],
+            }),
+            frame(&Message::Data {
+                seg: 0,
+                method: 0,
+                raw_len: 6,
+                body: {
+                    let mut b = Vec::new();
+                    EntryRef::Literal(b"abcd").encode(32, &mut b);
+                    b
+                },
+            }),
+        ],
+    ];
+    for frames in cases {
+        let (mut f, h) = raw_client(&config);
+        for (kind, payload) in &frames {
+            let _ = f.write_frame(*kind, payload);
+        }
+        let e = h.join().unwrap();
+        assert!(
+            matches!(e, Error::Protocol(_) | Error::Integrity(_)),
+            "{frames:?}: {e}"
+        );
+    }
+    let (mut f, h) = raw_client(&config);
+    f.get_mut()
+        .write_all(b"this is not a frame stream")
+        .unwrap();
+    let e = h.join().unwrap();
+    assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+}
+
+#[test]
+fn a_wrong_message_hash_is_an_integrity_error() {
+    let config = dedup_config();
+    let (mut f, h) = raw_client(&config);
+    let chunk = b"0123456789".to_vec();
+    let id = ChunkId(*blake3::hash(&chunk).as_bytes());
+    let (k, p) = frame(&Message::Request {
+        seg: 0,
+        level: 0,
+        end: Some(MessageEnd {
+            len: 10,
+            hash: [7; 32],
+        }),
+        chunks: vec![(10, id)],
+    });
+    f.write_frame(k, &p).unwrap();
+    let mut body = Vec::new();
+    EntryRef::Literal(&chunk).encode(32, &mut body);
+    let (k, p) = frame(&Message::Data {
+        seg: 0,
+        method: 0,
+        raw_len: body.len() as u32,
+        body,
+    });
+    f.write_frame(k, &p).unwrap();
+    let e = h.join().unwrap();
+    assert!(
+        matches!(&e, Error::Integrity(m) if m.contains("does not match its hash")),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_peer_vanishing_mid_message_is_peer_closed() {
+    let config = dedup_config();
+    let (mut f, h) = raw_client(&config);
+    let (k, p) = frame(&Message::Request {
+        seg: 0,
+        level: 0,
+        end: None,
+        chunks: vec![(100, ChunkId([1; 32]))],
+    });
+    f.write_frame(k, &p).unwrap();
+    let _ = f.read_frame().unwrap();
+    drop(f);
+    let e = h.join().unwrap();
+    assert!(e.is_peer_closed(), "{e}");
+}
+
+/// A store that claims chunks and then, for the first `forget` gets, has lost them.
+struct Forgetful {
+    inner: MemoryStore,
+    forget: AtomicUsize,
+}
+
+impl ChunkStore for Forgetful {
+    fn contains(&self, id: &ChunkId) -> Result<bool, StoreError> {
+        self.inner.contains(id)
+    }
+    fn get(&self, id: &ChunkId) -> Result<Option<Vec<u8>>, StoreError> {
+        let left = self.forget.load(Ordering::SeqCst);
+        if left > 0 {
+            self.forget.store(left - 1, Ordering::SeqCst);
+            return Ok(None);
+        }
+        self.inner.get(id)
+    }
+    fn put(&self, id: &ChunkId, data: &[u8]) -> Result<(), StoreError> {
+        self.inner.put(id, data)
+    }
+}
+
+#[test]
+fn chunks_the_receiver_lost_after_claiming_them_are_sent_again() {
+    let store = Arc::new(Forgetful {
+        inner: MemoryStore::new(),
+        forget: AtomicUsize::new(0),
+    });
+    let server_store = store.clone();
+    let m1 = random(600_000, 50);
+    let mut m2 = m1.clone();
+    m2[300_000] ^= 1;
+    let (e1, e2) = (m1.clone(), m2.clone());
+    let (server_stats, client_stats) = pair(
+        dedup_config(),
+        dedup_config(),
+        store,
+        move |mut s| {
+            assert_eq!(s.recv().unwrap(), e1);
+            server_store.forget.store(1_000, Ordering::SeqCst);
+            assert_eq!(s.recv().unwrap(), e2);
+            s.stats()
+        },
+        |mut c| {
+            c.send(&m1).unwrap();
+            c.send(&m2).unwrap();
+            let st = c.stats();
+            c.close().unwrap();
+            st
+        },
+    );
+    assert!(server_stats.chunks_needed > 0, "{server_stats:?}");
+    assert_eq!(client_stats.chunks_resent, server_stats.chunks_needed);
+}
+
+#[test]
+fn adaptive_mode_sends_random_data_plain_over_loopback() {
+    let mut c = small_segments(ChannelConfig::default());
+    c.mode = Mode::Adaptive;
+    let messages: Vec<Vec<u8>> = (0..12).map(|i| random(512 << 10, 60 + i)).collect();
+    let expect = messages.clone();
+    let (_, st) = pair(
+        c.clone(),
+        c,
+        Arc::new(MemoryStore::new()),
+        move |mut s| {
+            for m in &expect {
+                assert_eq!(&s.recv().unwrap(), m);
+            }
+        },
+        |mut c| {
+            for m in &messages {
+                c.send(m).unwrap();
+            }
+            let st = c.stats();
+            c.close().unwrap();
+            st
+        },
+    );
+    assert!(
+        st.segments_plain > 2 * st.segments_dedup,
+        "plain {} (kept {}) dedup {} (rates: dedup {:.0} B/s, plain {:.0} B/s)",
+        st.segments_plain,
+        st.segments_kept,
+        st.segments_dedup,
+        st.dedup_rate,
+        st.plain_rate
+    );
+}
+
+#[test]
+fn io_write_and_read_carry_messages() {
+    let data = structured(600_000, 70);
+    let expect = data.clone();
+    let (got, _) = pair(
+        dedup_config(),
+        dedup_config(),
+        Arc::new(MemoryStore::new()),
+        |mut s| {
+            let mut all = Vec::new();
+            s.read_to_end(&mut all).unwrap();
+            all
+        },
+        move |mut c| {
+            for piece in data.chunks(10_000) {
+                c.write_all(piece).unwrap();
+            }
+            c.flush().unwrap();
+            c.write_all(b"tail").unwrap();
+            c.close().unwrap();
+        },
+    );
+    let mut want = expect;
+    want.extend_from_slice(b"tail");
+    assert_eq!(got, want);
+}
+
+#[test]
+fn channel_levels_can_be_set_from_engine_specs() {
+    let mut c = ChannelConfig::with_levels(&[ChunkerSpec::Whole, ChunkerSpec::cdc(1024)]).unwrap();
+    c.segment_size = 64 << 10;
+    c.mode = Mode::Dedup;
+    let m = structured(200_000, 80);
+    let stats = send_all(c, vec![m.clone(), m]);
+    assert!(stats[1].socket_bytes_sent < 2_000, "{:?}", stats[1]);
+}
