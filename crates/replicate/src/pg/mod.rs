@@ -28,12 +28,14 @@
 //! as before and the sink's `pos <= stored` test skips exactly what it already applied. See
 //! [`PgSource`] for the details.
 
+mod copy;
 mod doc_store;
 pub mod server;
 mod sink;
 mod source;
 mod wal2json;
 
+pub use copy::COPY_TABLE;
 pub use doc_store::PgDocStore;
 pub use sink::{BodyType, PgSink, PgSinkConfig, POSITION_TABLE};
 pub use source::{PgSource, PgSourceConfig, Tables};
