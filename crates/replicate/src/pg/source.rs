@@ -92,12 +92,13 @@ enum CopyPhase {
     /// A copy is owed to the replica: it starts (again) at the next `poll`.
     Pending,
     /// Copying in a repeatable-read transaction on its own connection: the tables left (the
-    /// first with an open cursor when `open`) and the next position.
+    /// first with an open cursor when `open`) and the next position (set at the first `poll`,
+    /// from the replica's position).
     Running {
         client: Box<Client>,
         tables: VecDeque<TableName>,
         open: bool,
-        next: u64,
+        next: Option<u64>,
     },
     /// Every row was returned; the copy is done once `last` is acknowledged. After a rewind
     /// (`rewound`), the next `poll` starts it again unless an `ack` completed it first.
@@ -225,9 +226,14 @@ impl PgSource {
             config,
         };
         source.setup_tables()?;
-        source.ensure_slot()?;
+        let created = source.ensure_slot()?;
         source.confirmed = source.read_confirmed()?;
         source.load_copy()?;
+        // The copy's snapshot right away, so that the stream, not the copy, carries what is
+        // written from now on.
+        if created && source.copy_pending() {
+            source.start_copy()?;
+        }
         Ok(source)
     }
 
@@ -374,14 +380,6 @@ impl PgSource {
         if matches!(self.copy, CopyPhase::Idle) {
             return Ok(());
         }
-        let stream_start = self.confirmed;
-        if self
-            .acked
-            .is_some_and(|a| a.saturating_add(1) >= stream_start)
-        {
-            // The replica is past the slot's start: it is not one that needs a copy.
-            return self.copy_done();
-        }
         let mut client = connect(&self.conn, "dedupwire-copy")?;
         client
             .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
@@ -423,7 +421,7 @@ impl PgSource {
             client: Box::new(client),
             tables: tables.into(),
             open: false,
-            next: self.acked.map_or(1, |a| a + 1),
+            next: None,
         };
         Ok(())
     }
@@ -431,12 +429,26 @@ impl PgSource {
     /// Up to `max` rows of the running copy as inserts; empty once it is all returned.
     fn copy_rows(&mut self, max: usize) -> Result<Vec<Change>, PgError> {
         let stream_start = self.confirmed;
+        if let CopyPhase::Running {
+            next: next @ None, ..
+        } = &mut self.copy
+        {
+            if self
+                .acked
+                .is_some_and(|a| a.saturating_add(1) >= stream_start)
+            {
+                // The replica is past the slot's start: it is not one that needs a copy.
+                self.copy_done()?;
+                return Ok(Vec::new());
+            }
+            *next = Some(self.acked.map_or(1, |a| a + 1));
+        }
         let mut out = Vec::new();
         let CopyPhase::Running {
             client,
             tables,
             open,
-            next,
+            next: Some(next),
         } = &mut self.copy
         else {
             return Ok(out);
@@ -589,7 +601,8 @@ impl PgSource {
         Ok(())
     }
 
-    fn ensure_slot(&mut self) -> Result<(), PgError> {
+    /// Checks the slot, or creates it; says whether it did.
+    fn ensure_slot(&mut self) -> Result<bool, PgError> {
         let slot = self.config.slot.clone();
         let row = self
             .client
@@ -617,7 +630,7 @@ impl PgSource {
                     database.as_deref().unwrap_or("(none)")
                 )));
             }
-            return Ok(());
+            return Ok(false);
         }
         if self.config.initial_copy {
             self.owe_copy()?;
@@ -641,7 +654,7 @@ impl PgSource {
                     }
                 }
             })?;
-        Ok(())
+        Ok(true)
     }
 
     fn read_confirmed(&mut self) -> Result<u64, PgError> {
