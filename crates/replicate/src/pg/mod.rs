@@ -15,8 +15,8 @@
 //! [wal2json](https://github.com/eulerto/wal2json) output plugin (Debian:
 //! `postgresql-15-wal2json`), and a role with the `REPLICATION` attribute (or a superuser) that
 //! owns the document tables when [`PgSourceConfig::replica_identity_full`] is on (the default).
-With [`PgSourceConfig::initial_copy`] (the default), the role also creates and writes the
-table [`COPY_TABLE`] in `public`, where a new slot's copy is remembered until acknowledged.
+//! With [`PgSourceConfig::initial_copy`] (the default), the role also creates and writes the
+//! table [`COPY_TABLE`] in `public`, where a new slot's copy is remembered until acknowledged.
 //!
 //! # Positions
 //!
