@@ -35,10 +35,17 @@ pub trait ChangeSource {
     /// The error type of this source.
     type Error: std::error::Error + Send + Sync + 'static;
     /// Up to `max` changes after the last acknowledged position, oldest first; empty when
-    /// there is nothing new (the call may wait briefly for changes).
+    /// there is nothing new (the call may wait briefly for changes). A source may leave out
+    /// changes it has already returned since the last [`rewind`](ChangeSource::rewind) (they
+    /// are in flight), so that it does not read them again; the caller filters repeats.
     fn poll(&mut self, max: usize) -> Result<Vec<Change>, Self::Error>;
     /// The receiver has durably applied everything up to `pos`: the source may forget it.
     fn ack(&mut self, pos: u64) -> Result<(), Self::Error>;
+    /// A new session starts: forget what was returned but not acknowledged, so the next
+    /// `poll` starts again right after the last acknowledged position.
+    fn rewind(&mut self) -> Result<(), Self::Error> {
+        Ok(())
+    }
 }
 
 /// Where changes go: a replica that applies a batch and records its position atomically.

@@ -280,6 +280,7 @@ impl Sender {
             )));
         }
         // Everything up to the replica's position is applied: release it, send what follows.
+        source.rewind().map_err(source_err)?;
         if let Some(pos) = peer.resume {
             source.ack(pos).map_err(source_err)?;
         }
@@ -297,7 +298,7 @@ impl Sender {
             let mut drained = false;
             while !stopping && in_flight.len() < window {
                 if pending.is_empty() {
-                    // The source returns everything after its acknowledged position, the
+                    // A source may return everything after its acknowledged position, the
                     // batches in flight included: ask for those plus enough to fill the window.
                     let flying: usize = in_flight.iter().map(Vec::len).sum();
                     let want = flying + (window - in_flight.len()) * self.poll_changes;

@@ -26,6 +26,7 @@ fn source_config(slot: &str) -> PgSourceConfig {
     PgSourceConfig {
         tables: Tables::Only(vec!["docs".to_string()]),
         idle_wait: Duration::ZERO,
+        initial_copy: false,
         ..PgSourceConfig::with_slot(slot)
     }
 }
@@ -132,6 +133,29 @@ fn run_session(
     budgets: (Option<u64>, Option<u64>),
     log: &Log,
 ) -> (thread::JoinHandle<Outcome>, Arc<AtomicBool>) {
+    let source = SourceOf::Fresh(source_config(&config.stream));
+    run_session_with(listener, src_url, rep_url, config, budgets, log, source)
+}
+
+/// The sender's source in a session.
+#[derive(Clone)]
+enum SourceOf {
+    /// Opened for the session with this configuration (a sender process that starts).
+    Fresh(PgSourceConfig),
+    /// Kept across sessions (a sender process that reconnects).
+    Kept(Arc<Mutex<PgSource>>),
+}
+
+/// [`run_session`] with the sender's source given.
+fn run_session_with(
+    listener: &TcpListener,
+    src_url: &str,
+    rep_url: &str,
+    config: SenderConfig,
+    budgets: (Option<u64>, Option<u64>),
+    log: &Log,
+    source: SourceOf,
+) -> (thread::JoinHandle<Outcome>, Arc<AtomicBool>) {
     let stop = config
         .stop
         .clone()
@@ -157,12 +181,16 @@ fn run_session(
             });
             (result, r.summary().clone())
         });
-        let mut source = PgSource::connect(&src_url, source_config(&config.stream)).unwrap();
+        let shared = match source {
+            SourceOf::Kept(s) => s,
+            SourceOf::Fresh(c) => Arc::new(Mutex::new(PgSource::connect(&src_url, c).unwrap())),
+        };
+        let mut source = shared.lock().unwrap();
         let mut store = PgDocStore::connect(&src_url).unwrap();
         let stream = TcpStream::connect(addr).unwrap();
         stream.set_nodelay(true).unwrap();
         let mut s = Sender::new(config);
-        let result = s.run(Faulty::new(stream, budgets.0), &mut source, &mut store);
+        let result = s.run(Faulty::new(stream, budgets.0), &mut *source, &mut store);
         let sender = (result, s.summary().clone());
         Outcome {
             sender,
@@ -182,17 +210,22 @@ fn sender_config() -> SenderConfig {
 }
 
 fn drain(listener: &TcpListener, pg: &PgServer, log: &Log) -> Outcome {
+    drain_with(listener, pg, log, SourceOf::Fresh(source_config(SLOT)))
+}
+
+fn drain_with(listener: &TcpListener, pg: &PgServer, log: &Log, source: SourceOf) -> Outcome {
     let config = SenderConfig {
         until_drained: true,
         ..sender_config()
     };
-    let (h, _) = run_session(
+    let (h, _) = run_session_with(
         listener,
         &pg.url("src"),
         &pg.url("replica"),
         config,
         (None, None),
         log,
+        source,
     );
     let o = h.join().unwrap();
     if let Err(e) = &o.sender.0 {
@@ -258,6 +291,18 @@ fn replicates_a_document_workload_end_to_end() {
 
 #[test]
 fn kills_at_random_points_lose_and_duplicate_nothing() {
+    kills_at_random_points(false);
+}
+
+/// A sender process that keeps its source across reconnections: the source returns each
+/// change once per session (batches in flight are not read again), and must hand the
+/// unacknowledged ones out again after a kill.
+#[test]
+fn kills_with_batches_in_flight_and_a_kept_source_lose_and_duplicate_nothing() {
+    kills_at_random_points(true);
+}
+
+fn kills_at_random_points(keep_source: bool) {
     let Some(pg) = support::start() else { return };
     let Some(writes) = support::rfcs_writes(2000) else {
         return;
@@ -300,7 +345,13 @@ fn kills_at_random_points_lose_and_duplicate_nothing() {
     };
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let log = Log::default();
+    let kept = keep_source.then(|| {
+        SourceOf::Kept(Arc::new(Mutex::new(
+            PgSource::connect(&src_url, source_config(SLOT)).unwrap(),
+        )))
+    });
     let mut round = 0;
+    let mut killed_in_flight = 0;
     let mut failed_ends = 0;
     let mut resumed = 0;
     while !done.load(Ordering::SeqCst) || round < 10 {
@@ -318,7 +369,16 @@ fn kills_at_random_points_lose_and_duplicate_nothing() {
             batch_bytes: 16 << 10 << next(5),
             ..sender_config()
         };
-        let (h, stop) = run_session(&listener, &src_url, &rep_url, config, budgets, &log);
+        let (h, stop) = run_session_with(
+            &listener,
+            &src_url,
+            &rep_url,
+            config,
+            budgets,
+            &log,
+            kept.clone()
+                .unwrap_or_else(|| SourceOf::Fresh(source_config(SLOT))),
+        );
         let until = Instant::now() + Duration::from_millis(300 + next(500));
         while Instant::now() < until && !h.is_finished() {
             thread::sleep(Duration::from_millis(10));
@@ -326,6 +386,8 @@ fn kills_at_random_points_lose_and_duplicate_nothing() {
         stop.store(true, Ordering::SeqCst);
         let o = h.join().unwrap();
         resumed += usize::from(o.receiver.1.resumed_after.is_some());
+        killed_in_flight +=
+            usize::from(o.sender.0.is_err() && o.sender.1.acked_batches < o.sender.1.batches);
         for (side, result) in [("sender", &o.sender.0), ("receiver", &o.receiver.0)] {
             if let Err(e) = result {
                 failed_ends += 1;
@@ -344,7 +406,12 @@ fn kills_at_random_points_lose_and_duplicate_nothing() {
          final session sent {} changes",
         o.sender.1.changes
     );
+    eprintln!("{killed_in_flight} senders stopped with batches in flight");
     assert!(failed_ends >= 3, "faults happened: {failed_ends}");
+    assert!(
+        killed_in_flight >= 1,
+        "a sender died with batches in flight"
+    );
     assert_same_rows(&pg);
     // Exactly once: the replica applied the source's change stream, each change once, in order.
     let expected = audit.poll(1 << 20).unwrap();
@@ -504,4 +571,199 @@ fn replica_errors_reach_the_sender() {
     // Nothing was acknowledged: the source still holds the change.
     let mut source = PgSource::connect(&src_url, source_config(SLOT)).unwrap();
     assert_eq!(source.poll(10).unwrap().len(), 1);
+}
+
+fn copy_config(slot: &str) -> PgSourceConfig {
+    PgSourceConfig {
+        initial_copy: true,
+        ..source_config(slot)
+    }
+}
+
+/// Positions of the initial copy are small numbers; the stream's are WAL positions (a fresh
+/// cluster's WAL starts above 16 MiB).
+const COPY_POSITIONS: u64 = 1 << 24;
+
+fn copy_pending(client: &mut Client) -> Option<bool> {
+    client
+        .query_opt(
+            "SELECT pending FROM dedupwire_copy WHERE slot = $1",
+            &[&SLOT],
+        )
+        .unwrap()
+        .map(|r| r.get(0))
+}
+
+/// Applies `writes` from a thread, a few per transaction with pauses, so that they happen
+/// while the sender copies and streams.
+fn concurrent_writer(pg: &PgServer, writes: Vec<DocWrite>) -> thread::JoinHandle<()> {
+    let mut client = pg.client("src");
+    thread::spawn(move || {
+        for chunk in writes.chunks(4) {
+            apply_writes(&mut client, chunk, 4);
+            thread::sleep(Duration::from_millis(3));
+        }
+    })
+}
+
+fn small_rfcs(n: usize) -> Option<Vec<DocWrite>> {
+    Some(
+        support::rfcs_writes(n * 3)?
+            .into_iter()
+            .filter(|w| w.doc.len() < 12_000)
+            .take(n)
+            .collect(),
+    )
+}
+
+/// Rows written before the slot exists reach an empty replica through the initial copy, and
+/// writes during and after it through the stream: the replica equals the source row by row,
+/// the copy's positions come first and nothing is applied twice.
+#[test]
+fn initial_copy_then_stream_equals_the_source() {
+    let Some(pg) = support::start() else { return };
+    let Some(writes) = small_rfcs(700) else {
+        return;
+    };
+    let (src_url, rep_url) = setup(&pg);
+    let mut src = pg.client("src");
+    apply_writes(&mut src, &writes[..350], 10);
+    let before = rows(&mut src).len();
+    let writer = concurrent_writer(&pg, writes[350..].to_vec());
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let log = Log::default();
+    let config = SenderConfig {
+        batch_bytes: 64 << 10,
+        ..sender_config()
+    };
+    let (h, stop) = run_session_with(
+        &listener,
+        &src_url,
+        &rep_url,
+        config,
+        (None, None),
+        &log,
+        SourceOf::Fresh(copy_config(SLOT)),
+    );
+    writer.join().unwrap();
+    let mut rep = pg.client("replica");
+    let until = Instant::now() + Duration::from_secs(120);
+    while rows(&mut rep) != rows(&mut src) {
+        assert!(Instant::now() < until, "the replica does not catch up");
+        assert!(!h.is_finished(), "the session ended early");
+        thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, Ordering::SeqCst);
+    let o = h.join().unwrap();
+    o.sender.0.unwrap();
+    o.receiver.0.unwrap();
+    assert_same_rows(&pg);
+    let applied = log.applied.lock().unwrap();
+    let copied: Vec<u64> = applied
+        .iter()
+        .map(|c| c.pos)
+        .take_while(|p| *p < COPY_POSITIONS)
+        .collect();
+    eprintln!(
+        "{before} rows before the slot, {} copied, {} changes streamed",
+        copied.len(),
+        applied.len() - copied.len()
+    );
+    assert!(copied.len() >= before, "every row written before is copied");
+    assert_eq!(copied, (1..=copied.len() as u64).collect::<Vec<_>>());
+    assert!(applied[copied.len()..]
+        .iter()
+        .all(|c| c.pos >= COPY_POSITIONS));
+    assert!(
+        applied.len() > copied.len(),
+        "writes during the copy stream"
+    );
+    assert_eq!(*log.skipped.lock().unwrap(), 0, "nothing was sent twice");
+    assert_ne!(
+        copy_pending(&mut src),
+        Some(true),
+        "the copy is acknowledged"
+    );
+}
+
+/// Senders killed while the initial copy is running (processes that restart, and one that
+/// reconnects with the same source): the copy starts again in a new snapshot after what the
+/// replica has, and the replica still ends equal to the source.
+#[test]
+fn a_kill_during_the_initial_copy_starts_it_again() {
+    let Some(pg) = support::start() else { return };
+    let Some(writes) = small_rfcs(900) else {
+        return;
+    };
+    let (src_url, rep_url) = setup(&pg);
+    let mut src = pg.client("src");
+    apply_writes(&mut src, &writes[..600], 10);
+    let kept = SourceOf::Kept(Arc::new(Mutex::new(
+        PgSource::connect(&src_url, copy_config(SLOT)).unwrap(),
+    )));
+    let writer = concurrent_writer(&pg, writes[600..].to_vec());
+    let seed = support::seed();
+    let mut rng = seed;
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n.max(1)
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let log = Log::default();
+    let mut killed_copying = 0;
+    for round in 0..8 {
+        let config = SenderConfig {
+            window: 1 + next(3) as usize,
+            batch_bytes: 16 << 10,
+            ..sender_config()
+        };
+        let source = if round % 2 == 1 {
+            kept.clone()
+        } else {
+            SourceOf::Fresh(copy_config(SLOT))
+        };
+        let budgets = (Some(20_000 + next(200_000)), None);
+        let (h, stop) =
+            run_session_with(&listener, &src_url, &rep_url, config, budgets, &log, source);
+        let until = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < until && !h.is_finished() {
+            thread::sleep(Duration::from_millis(10));
+        }
+        stop.store(true, Ordering::SeqCst);
+        let o = h.join().unwrap();
+        if let Err(e) = &o.sender.0 {
+            assert!(
+                support::is_injected(e) || e.is_peer_closed(),
+                "round {round}: {e}"
+            );
+            let applied = o.receiver.1.applied.or(o.receiver.1.resumed_after);
+            if applied.is_none_or(|p| p < COPY_POSITIONS) && o.sender.1.batches > 0 {
+                killed_copying += 1;
+            }
+        }
+    }
+    writer.join().unwrap();
+    let o = drain_with(&listener, &pg, &log, SourceOf::Fresh(copy_config(SLOT)));
+    let copied = log
+        .applied
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|c| c.pos < COPY_POSITIONS)
+        .count();
+    eprintln!(
+        "{killed_copying} senders killed while copying; {copied} copy rows applied in all; the \
+         final session sent {} changes",
+        o.sender.1.changes
+    );
+    assert!(killed_copying >= 1, "a sender died during the copy");
+    assert_same_rows(&pg);
+    assert_eq!(*log.skipped.lock().unwrap(), 0, "nothing was sent twice");
+    assert_ne!(
+        copy_pending(&mut src),
+        Some(true),
+        "the copy is acknowledged"
+    );
 }

@@ -15,6 +15,8 @@
 //! [wal2json](https://github.com/eulerto/wal2json) output plugin (Debian:
 //! `postgresql-15-wal2json`), and a role with the `REPLICATION` attribute (or a superuser) that
 //! owns the document tables when [`PgSourceConfig::replica_identity_full`] is on (the default).
+//! With [`PgSourceConfig::initial_copy`] (the default), the role also creates and writes the
+//! table [`COPY_TABLE`] in `public`, where a new slot's copy is remembered until acknowledged.
 //!
 //! # Positions
 //!
@@ -28,12 +30,14 @@
 //! as before and the sink's `pos <= stored` test skips exactly what it already applied. See
 //! [`PgSource`] for the details.
 
+mod copy;
 mod doc_store;
 pub mod server;
 mod sink;
 mod source;
 mod wal2json;
 
+pub use copy::COPY_TABLE;
 pub use doc_store::PgDocStore;
 pub use sink::{BodyType, PgSink, PgSinkConfig, POSITION_TABLE};
 pub use source::{PgSource, PgSourceConfig, Tables};

@@ -1,10 +1,11 @@
 //! [`PgSource`]: a document table's changes from a logical replication slot (wal2json).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use postgres::Client;
 
+use super::copy::{Snapshot, COPY_TABLE};
 use super::wal2json::{self, Numbering, Record, RowChange, Value};
 use super::{
     connect, format_lsn, inspect_table, parse_lsn, query_err, PgError, TableInfo, TableName,
@@ -42,6 +43,9 @@ pub struct PgSourceConfig {
     pub skip_truncate: bool,
     /// How long `poll` waits for a change when there is none (once, then returns empty).
     pub idle_wait: Duration,
+    /// When this source creates the slot, first return the rows the tables already hold, as
+    /// inserts positioned before the stream (see [`PgSource`], *Initial copy*).
+    pub initial_copy: bool,
 }
 
 impl Default for PgSourceConfig {
@@ -52,6 +56,7 @@ impl Default for PgSourceConfig {
             replica_identity_full: true,
             skip_truncate: false,
             idle_wait: Duration::from_millis(100),
+            initial_copy: true,
         }
     }
 }
@@ -77,11 +82,57 @@ struct Restart {
 /// A change, or why the record at `pos` cannot be one.
 type Item = Result<Change, (u64, PgError)>;
 
+/// Rows per `FETCH` of the initial copy.
+const COPY_FETCH: usize = 1000;
+
+/// Where the initial copy stands in this source.
+enum CopyPhase {
+    /// No copy to make (none was asked for, or it is acknowledged).
+    Idle,
+    /// A copy is owed to the replica: it starts (again) at the next `poll`.
+    Pending,
+    /// Copying in a repeatable-read transaction on its own connection: the tables left (the
+    /// first with an open cursor when `open`) and the next position (set at the first `poll`,
+    /// from the replica's position).
+    Running {
+        client: Box<Client>,
+        tables: VecDeque<TableName>,
+        open: bool,
+        next: Option<u64>,
+    },
+    /// Every row was returned; the copy is done once `last` is acknowledged. After a rewind
+    /// (`rewound`), the next `poll` starts it again unless an `ack` completed it first.
+    Sent { last: u64, rewound: bool },
+}
+
+/// About how many bytes of wal2json output one peek reads: polls are served from them, so the
+/// changes in flight (re-read by every peek, which starts at the slot) are a small part of it.
+const PEEK_BYTES: usize = 64 << 20;
+
 /// Changes of document tables read from a logical replication slot with the wal2json plugin.
 ///
 /// `poll` *peeks* (`pg_logical_slot_peek_changes`), so nothing is consumed: the slot keeps
-/// every change until `ack`, and a source reopened after a crash returns the unacknowledged
-/// changes again, with the same positions.
+/// every change until `ack`, and a source reopened after a crash (or [`rewind`]) returns the
+/// unacknowledged changes again, with the same positions. A peek reads a large window (about
+/// 64 MB of wal2json output) that later polls are served from; a change once returned is not
+/// returned again until `rewind`, so the batches in flight are not shipped twice.
+///
+/// [`rewind`]: ChangeSource::rewind
+///
+/// **Initial copy.** When the source creates the slot (and [`PgSourceConfig::initial_copy`] is
+/// on), it owes the replica the rows the tables already hold: the first `poll`s return every
+/// row of every document table as an insert, read in one repeatable-read snapshot taken after
+/// the slot was created, at positions from just after the replica's position (1 for an empty
+/// replica) up to below the slot's start, so they come before every change of the stream. A
+/// transaction that committed after the slot's start but before the snapshot is in both; the
+/// stream leaves out every transaction the snapshot sees (by transaction id, wal2json
+/// `include-xids`), so each change reaches the replica once, through the copy or the stream.
+/// The debt and that first snapshot are kept in the source table `dedupwire_copy` (see
+/// [`COPY_TABLE`]) until the copy is acknowledged whole. A copy cut off by a restart starts
+/// again from the beginning in a new snapshot, at positions after the replica's: rows copied
+/// twice are upserts of the same key, and the stream, still filtered by the first snapshot,
+/// holds every change after it, so the replica converges on the source exactly (while it
+/// catches up to the new snapshot, a row may show a newer version and then older ones).
 ///
 /// **Positions.** A change's `pos` is its own LSN when that is greater than the previous
 /// change's `pos`, else the previous `pos` + 1: changes come in commit order, and a transaction
@@ -103,13 +154,28 @@ type Item = Result<Change, (u64, PgError)>;
 /// own). Do not advance or consume the slot by other means while a replica depends on it.
 pub struct PgSource {
     client: Client,
+    /// The connection string, for the copy's own connection.
+    conn: String,
     config: PgSourceConfig,
+    /// The initial copy's state.
+    copy: CopyPhase,
+    /// Transactions the first copy holds, left out of the stream; and the WAL position
+    /// after which none of them can be.
+    filter: Option<(Snapshot, u64)>,
     /// wal2json `add-tables` for [`Tables::Only`].
     add_tables: Option<String>,
     /// Document tables by name; `None` = seen, not a document table (forgotten every poll).
     tables: HashMap<TableName, Option<TableInfo>>,
     /// Highest acknowledged position.
     acked: Option<u64>,
+    /// Highest position returned since the last rewind.
+    handed: Option<u64>,
+    /// Decoded changes of the last peek not returned yet.
+    buffer: VecDeque<Item>,
+    /// Whether the last peek reached the end of the WAL.
+    exhausted: bool,
+    /// Mean size of a wal2json row in the last peek, to size the next one.
+    row_bytes: usize,
     /// The slot's `confirmed_flush_lsn` as last read or set.
     confirmed: u64,
     /// Restart points of the last decoded window, in order.
@@ -145,16 +211,29 @@ impl PgSource {
         }
         let mut source = PgSource {
             client,
+            conn: conn.to_string(),
+            copy: CopyPhase::Idle,
+            filter: None,
             add_tables: None,
             tables: HashMap::new(),
             acked: None,
+            handed: None,
+            buffer: VecDeque::new(),
+            exhausted: true,
+            row_bytes: 1024,
             confirmed: 0,
             restarts: Vec::new(),
             config,
         };
         source.setup_tables()?;
-        source.ensure_slot()?;
+        let created = source.ensure_slot()?;
         source.confirmed = source.read_confirmed()?;
+        source.load_copy()?;
+        // The copy's snapshot right away, so that the stream, not the copy, carries what is
+        // written from now on.
+        if created && source.copy_pending() {
+            source.start_copy()?;
+        }
         Ok(source)
     }
 
@@ -188,7 +267,250 @@ impl PgSource {
         self.client
             .execute("SELECT pg_drop_replication_slot($1::text::name)", &[&slot])
             .map_err(query_err(format!("dropping replication slot {slot}")))?;
+        self.forget_copy()
+    }
+
+    /// Whether the initial copy is still owed or unacknowledged.
+    pub fn copy_pending(&self) -> bool {
+        !matches!(self.copy, CopyPhase::Idle)
+    }
+
+    /// Reads this slot's copy record: whether a copy is owed, and its filter.
+    fn load_copy(&mut self) -> Result<(), PgError> {
+        self.copy = CopyPhase::Idle;
+        self.filter = None;
+        let row = self.client.query_opt(
+            &format!(
+                "SELECT c.snapshot, c.snapshot_lsn::text, c.pending FROM {COPY_TABLE} c
+                      WHERE to_regclass('public.{COPY_TABLE}') IS NOT NULL AND c.slot = $1"
+            ),
+            &[&self.config.slot],
+        );
+        let row = match row {
+            Ok(row) => row,
+            // No such table: no copy was ever asked for in this database.
+            Err(e) if e.code() == Some(&postgres::error::SqlState::UNDEFINED_TABLE) => None,
+            Err(e) => return Err(query_err(format!("reading {COPY_TABLE}"))(e)),
+        };
+        let Some(row) = row else { return Ok(()) };
+        let snapshot: Option<String> = row.get(0);
+        let lsn: Option<String> = row.get(1);
+        let pending: bool = row.get(2);
+        if let (Some(s), Some(l)) = (snapshot, lsn) {
+            let snap = Snapshot::parse(&s).ok_or_else(|| {
+                PgError::Setup(format!("{COPY_TABLE}: unreadable snapshot {s:?}"))
+            })?;
+            let lsn = parse_lsn(&l)
+                .ok_or_else(|| PgError::Setup(format!("{COPY_TABLE}: unreadable LSN {l:?}")))?;
+            self.filter = Some((snap, lsn));
+        }
+        if pending {
+            self.copy = CopyPhase::Pending;
+        }
         Ok(())
+    }
+
+    /// Records that a copy is owed for a slot about to be created (before it exists, so a
+    /// crash in between leaves a debt, never a slot without one).
+    fn owe_copy(&mut self) -> Result<(), PgError> {
+        self.client
+            .batch_execute(&format!(
+                "CREATE TABLE IF NOT EXISTS {COPY_TABLE} (slot text PRIMARY KEY, snapshot text, \
+                 snapshot_lsn pg_lsn, pending boolean NOT NULL)"
+            ))
+            .map_err(query_err(format!(
+                "creating {COPY_TABLE} (the initial copy's record)"
+            )))?;
+        self.client
+            .execute(
+                &format!(
+                    "INSERT INTO {COPY_TABLE} VALUES ($1, NULL, NULL, true) ON CONFLICT (slot) DO UPDATE \
+                     SET snapshot = NULL, snapshot_lsn = NULL, pending = true"
+                ),
+                &[&self.config.slot],
+            )
+            .map_err(query_err(format!("writing {COPY_TABLE}")))?;
+        self.filter = None;
+        self.copy = CopyPhase::Pending;
+        Ok(())
+    }
+
+    /// Deletes this slot's copy record.
+    fn forget_copy(&mut self) -> Result<(), PgError> {
+        let result = self.client.execute(
+            &format!("DELETE FROM {COPY_TABLE} WHERE slot = $1"),
+            &[&self.config.slot],
+        );
+        match result {
+            Ok(_) => {}
+            Err(e) if e.code() == Some(&postgres::error::SqlState::UNDEFINED_TABLE) => {}
+            Err(e) => return Err(query_err(format!("updating {COPY_TABLE}"))(e)),
+        }
+        self.filter = None;
+        Ok(())
+    }
+
+    /// The copy is acknowledged whole: clear the debt (the filter stays until the slot has
+    /// passed the snapshot).
+    fn copy_done(&mut self) -> Result<(), PgError> {
+        self.copy = CopyPhase::Idle;
+        self.client
+            .execute(
+                &format!("UPDATE {COPY_TABLE} SET pending = false WHERE slot = $1"),
+                &[&self.config.slot],
+            )
+            .map_err(query_err(format!("updating {COPY_TABLE}")))?;
+        self.retire_filter()
+    }
+
+    /// Drops the filter and the record once nothing the snapshot sees can come again.
+    fn retire_filter(&mut self) -> Result<(), PgError> {
+        match (&self.copy, &self.filter) {
+            (CopyPhase::Idle, Some((_, lsn))) if self.confirmed > *lsn => self.forget_copy(),
+            _ => Ok(()),
+        }
+    }
+
+    /// Starts (or restarts) the copy: a snapshot on a connection of its own, recorded as the
+    /// stream's filter if it is the first.
+    fn start_copy(&mut self) -> Result<(), PgError> {
+        // Another source on this slot may have started a copy since this one was opened.
+        self.load_copy()?;
+        self.confirmed = self.read_confirmed()?;
+        if matches!(self.copy, CopyPhase::Idle) {
+            return Ok(());
+        }
+        let mut client = connect(&self.conn, "dedupwire-copy")?;
+        client
+            .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .map_err(query_err("starting the copy's transaction"))?;
+        let row = client
+            .query_one(
+                "SELECT pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text",
+                &[],
+            )
+            .map_err(query_err("taking the copy's snapshot"))?;
+        if self.filter.is_none() {
+            let text: String = row.get(0);
+            let lsn_text: String = row.get(1);
+            let snapshot = Snapshot::parse(&text)
+                .ok_or_else(|| PgError::Setup(format!("unreadable snapshot {text:?}")))?;
+            let lsn = parse_lsn(&lsn_text)
+                .ok_or_else(|| PgError::Setup(format!("unreadable LSN {lsn_text:?}")))?;
+            self.client
+                .execute(
+                    &format!(
+                        "UPDATE {COPY_TABLE} SET snapshot = $2, snapshot_lsn = $3::text::pg_lsn \
+                         WHERE slot = $1 AND snapshot IS NULL"
+                    ),
+                    &[&self.config.slot, &text, &lsn_text],
+                )
+                .map_err(query_err(format!("writing {COPY_TABLE}")))?;
+            self.filter = Some((snapshot, lsn));
+            // Decoded before the filter existed.
+            self.buffer.clear();
+        }
+        let mut tables: Vec<TableName> = self
+            .tables
+            .iter()
+            .filter(|(_, info)| info.is_some())
+            .map(|(name, _)| name.clone())
+            .collect();
+        tables.sort();
+        self.copy = CopyPhase::Running {
+            client: Box::new(client),
+            tables: tables.into(),
+            open: false,
+            next: None,
+        };
+        Ok(())
+    }
+
+    /// Up to `max` rows of the running copy as inserts; empty once it is all returned.
+    fn copy_rows(&mut self, max: usize) -> Result<Vec<Change>, PgError> {
+        let stream_start = self.confirmed;
+        if let CopyPhase::Running {
+            next: next @ None, ..
+        } = &mut self.copy
+        {
+            if self
+                .acked
+                .is_some_and(|a| a.saturating_add(1) >= stream_start)
+            {
+                // The replica is past the slot's start: it is not one that needs a copy.
+                self.copy_done()?;
+                return Ok(Vec::new());
+            }
+            *next = Some(self.acked.map_or(1, |a| a + 1));
+        }
+        let mut out = Vec::new();
+        let CopyPhase::Running {
+            client,
+            tables,
+            open,
+            next: Some(next),
+        } = &mut self.copy
+        else {
+            return Ok(out);
+        };
+        while out.len() < max {
+            let Some(name) = tables.front() else { break };
+            if !*open {
+                client
+                    .batch_execute(&format!(
+                        "DECLARE dedupwire_copy NO SCROLL CURSOR FOR SELECT id::text, body::text FROM {}",
+                        name.quoted()
+                    ))
+                    .map_err(query_err(format!("copying {name}")))?;
+                *open = true;
+            }
+            let want = (max - out.len()).min(COPY_FETCH);
+            let rows = client
+                .query(&format!("FETCH {want} FROM dedupwire_copy"), &[])
+                .map_err(query_err(format!("copying {name}")))?;
+            let collection = name.collection();
+            for row in &rows {
+                if *next >= stream_start {
+                    return Err(PgError::Setup(format!(
+                        "the initial copy has more rows than there are positions before the slot's                          start ({}); copy the tables yourself and set initial_copy off",
+                        format_lsn(stream_start)
+                    )));
+                }
+                let id: Option<String> = row.get(0);
+                let body: Option<String> = row.get(1);
+                out.push(Change {
+                    pos: *next,
+                    op: Op::Insert,
+                    collection: collection.clone(),
+                    id: id.unwrap_or_default(),
+                    doc: Some(body.unwrap_or_else(|| "null".to_string()).into_bytes()),
+                });
+                *next += 1;
+            }
+            if rows.len() < want {
+                client
+                    .batch_execute("CLOSE dedupwire_copy")
+                    .map_err(query_err(format!("copying {name}")))?;
+                *open = false;
+                tables.pop_front();
+            }
+        }
+        if tables.is_empty() {
+            let _ = client.batch_execute("COMMIT");
+            let last = next.saturating_sub(1);
+            if self.acked.map_or(last >= 1, |a| a < last) {
+                self.copy = CopyPhase::Sent {
+                    last,
+                    rewound: false,
+                };
+            } else {
+                self.copy_done()?;
+            }
+        }
+        if let Some(c) = out.last() {
+            self.handed = Some(c.pos);
+        }
+        Ok(out)
     }
 
     fn setup_tables(&mut self) -> Result<(), PgError> {
@@ -279,7 +601,8 @@ impl PgSource {
         Ok(())
     }
 
-    fn ensure_slot(&mut self) -> Result<(), PgError> {
+    /// Checks the slot, or creates it; says whether it did.
+    fn ensure_slot(&mut self) -> Result<bool, PgError> {
         let slot = self.config.slot.clone();
         let row = self
             .client
@@ -307,7 +630,10 @@ impl PgSource {
                     database.as_deref().unwrap_or("(none)")
                 )));
             }
-            return Ok(());
+            return Ok(false);
+        }
+        if self.config.initial_copy {
+            self.owe_copy()?;
         }
         self.client
             .execute(
@@ -328,7 +654,7 @@ impl PgSource {
                     }
                 }
             })?;
-        Ok(())
+        Ok(true)
     }
 
     fn read_confirmed(&mut self) -> Result<u64, PgError> {
@@ -420,6 +746,7 @@ impl PgSource {
         let mut items = Vec::new();
         let mut covered: Option<u64> = None;
         let mut restarts = Vec::new();
+        let mut xid: Option<u32> = None;
         for (lsn, data) in rows {
             let record = wal2json::parse(data).map_err(|problem| PgError::Unsupported {
                 pos: None,
@@ -427,7 +754,8 @@ impl PgSource {
                 problem,
             })?;
             match record {
-                Record::Begin | Record::Other => {}
+                Record::Begin(x) => xid = x,
+                Record::Other => {}
                 Record::Commit => {
                     if numbering.commit(*lsn) {
                         restarts.push(Restart { covered, lsn: *lsn });
@@ -436,6 +764,12 @@ impl PgSource {
                 Record::Change(change) => {
                     let width = change.width();
                     let pos = numbering.change(*lsn, width);
+                    // In the initial copy already.
+                    if let (Some((snapshot, _)), Some(x)) = (&self.filter, xid) {
+                        if snapshot.sees(x) {
+                            continue;
+                        }
+                    }
                     let name = TableName {
                         schema: change.schema.clone(),
                         table: change.table.clone(),
@@ -564,43 +898,80 @@ impl PgSource {
             .map_err(query_err(format!("advancing slot {slot} to {lsn}")))?;
         self.confirmed = target;
         self.restarts.retain(|r| r.lsn > target);
-        Ok(())
+        self.retire_filter()
     }
 
+    /// Whether `pos` was acknowledged or already returned.
+    fn seen(&self, pos: u64) -> bool {
+        self.acked.is_some_and(|a| pos <= a) || self.handed.is_some_and(|h| pos <= h)
+    }
+
+    /// Up to `max` changes from the buffer, refilled by one peek when it has nothing new.
     fn poll_once(&mut self, max: usize) -> Result<Vec<Change>, PgError> {
-        // Tables that were not document tables may have become ones.
-        self.tables.retain(|_, info| info.is_some());
-        let mut limit = max.saturating_mul(3).saturating_add(64);
+        if matches!(
+            self.copy,
+            CopyPhase::Pending | CopyPhase::Sent { rewound: true, .. }
+        ) {
+            self.start_copy()?;
+        }
+        if matches!(self.copy, CopyPhase::Running { .. }) {
+            let rows = self.copy_rows(max)?;
+            if !rows.is_empty() {
+                return Ok(rows);
+            }
+        }
+        let mut out = Vec::new();
+        let mut limit = 0usize;
         loop {
-            let (start, rows) = self.peek(limit)?;
-            let exhausted = rows.len() < limit || limit >= i32::MAX as usize;
-            let items = self.decode(start, &rows)?;
-            self.release()?;
-            let mut out = Vec::new();
-            for item in items {
+            while let Some(item) = self.buffer.pop_front() {
                 let pos = match &item {
                     Ok(c) => c.pos,
                     Err((pos, _)) => *pos,
                 };
-                if self.acked.is_some_and(|a| pos <= a) {
+                if self.seen(pos) {
                     continue;
                 }
                 match item {
                     Ok(change) => {
+                        self.handed = Some(pos);
                         out.push(change);
                         if out.len() == max {
                             return Ok(out);
                         }
                     }
-                    // Deliver what comes before a bad change; fail when it is next.
-                    Err((_, e)) if out.is_empty() => return Err(e),
-                    Err(_) => return Ok(out),
+                    // Deliver what comes before a bad change; fail when it is next (and again
+                    // on every poll until it is acknowledged: the next peek finds it again).
+                    Err((_, e)) if out.is_empty() => {
+                        self.buffer.clear();
+                        return Err(e);
+                    }
+                    Err(item) => {
+                        self.buffer.push_front(Err(item));
+                        return Ok(out);
+                    }
                 }
             }
-            if exhausted {
+            if !out.is_empty() || (limit > 0 && self.exhausted) {
                 return Ok(out);
             }
-            limit = limit.saturating_mul(2);
+            // Nothing new in the buffer: peek again, twice as far when the last window held
+            // only changes already returned.
+            limit = if limit == 0 {
+                (PEEK_BYTES / self.row_bytes.max(1)).max(max.saturating_mul(3).saturating_add(64))
+            } else {
+                limit.saturating_mul(2)
+            };
+            // Tables that were not document tables may have become ones.
+            self.tables.retain(|_, info| info.is_some());
+            let (start, rows) = self.peek(limit)?;
+            self.exhausted = rows.len() < limit || limit >= i32::MAX as usize;
+            if !rows.is_empty() {
+                let bytes: usize = rows.iter().map(|(_, d)| d.len()).sum();
+                self.row_bytes = (bytes / rows.len()).max(1);
+            }
+            let items = self.decode(start, &rows)?;
+            self.release()?;
+            self.buffer = items.into();
         }
     }
 }
@@ -608,9 +979,9 @@ impl PgSource {
 impl ChangeSource for PgSource {
     type Error = PgError;
 
-    /// Up to `max` changes after the last acknowledged position, in commit order. Waits
-    /// [`PgSourceConfig::idle_wait`] once when there are none. Consumes nothing: without an
-    /// `ack`, the next `poll` returns the same changes.
+    /// Up to `max` changes after the last acknowledged position and the last one returned, in
+    /// commit order. Waits [`PgSourceConfig::idle_wait`] once when there are none. Consumes
+    /// nothing: without an `ack`, a reopened or rewound source returns the same changes.
     fn poll(&mut self, max: usize) -> Result<Vec<Change>, PgError> {
         if max == 0 {
             return Ok(Vec::new());
@@ -627,7 +998,31 @@ impl ChangeSource for PgSource {
     /// transactions allow.
     fn ack(&mut self, pos: u64) -> Result<(), PgError> {
         self.acked = Some(self.acked.map_or(pos, |a| a.max(pos)));
+        if let CopyPhase::Sent { last, .. } = self.copy {
+            if pos >= last {
+                self.copy_done()?;
+            }
+        }
         self.release()
+    }
+
+    /// Forgets what was returned and not acknowledged: the next `poll` returns it again.
+    fn rewind(&mut self) -> Result<(), PgError> {
+        // A copy not acknowledged whole starts again, unless the next ack completes it.
+        match self.copy {
+            CopyPhase::Running { .. } => self.copy = CopyPhase::Pending,
+            CopyPhase::Sent { last, .. } => {
+                self.copy = CopyPhase::Sent {
+                    last,
+                    rewound: true,
+                }
+            }
+            _ => {}
+        }
+        self.handed = None;
+        self.buffer.clear();
+        self.exhausted = true;
+        Ok(())
     }
 }
 

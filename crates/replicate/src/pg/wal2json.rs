@@ -4,10 +4,12 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 /// The plugin options every peek uses (before an optional `add-tables`).
-pub(crate) const OPTIONS: [&str; 8] = [
+pub(crate) const OPTIONS: [&str; 10] = [
     "format-version",
     "2",
     "include-transaction",
+    "true",
+    "include-xids",
     "true",
     "include-lsn",
     "true",
@@ -27,8 +29,8 @@ pub(crate) enum Value {
 /// One decoded record (one row of `pg_logical_slot_peek_changes`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Record {
-    /// A transaction starts.
-    Begin,
+    /// A transaction starts; its transaction id when wal2json printed it.
+    Begin(Option<u32>),
     /// A row change (`I`, `U`, `D`) or a `T`runcate.
     Change(RowChange),
     /// A transaction ends; the row's LSN is the end of its commit record.
@@ -88,6 +90,8 @@ impl RowChange {
 struct RawRecord<'a> {
     action: String,
     #[serde(default)]
+    xid: Option<u32>,
+    #[serde(default)]
     schema: Option<String>,
     #[serde(default)]
     table: Option<String>,
@@ -130,7 +134,7 @@ pub(crate) fn parse(data: &str) -> Result<Record, String> {
     let raw: RawRecord<'_> =
         serde_json::from_str(data).map_err(|e| format!("not a wal2json v2 record ({e})"))?;
     match raw.action.as_str() {
-        "B" => Ok(Record::Begin),
+        "B" => Ok(Record::Begin(raw.xid)),
         "C" => Ok(Record::Commit),
         "I" | "U" | "D" | "T" => {
             let action = raw.action.chars().next().unwrap_or('?');
@@ -195,7 +199,11 @@ mod tests {
     fn parses_records() {
         assert_eq!(
             parse(r#"{"action":"B","lsn":"0/1"}"#).unwrap(),
-            Record::Begin
+            Record::Begin(None)
+        );
+        assert_eq!(
+            parse(r#"{"action":"B","xid":741,"lsn":"0/1"}"#).unwrap(),
+            Record::Begin(Some(741))
         );
         assert_eq!(parse(r#"{"action":"C"}"#).unwrap(), Record::Commit);
         assert_eq!(
