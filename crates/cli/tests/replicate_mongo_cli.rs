@@ -9,8 +9,11 @@ use std::time::Duration;
 use dedupwire_replicate::mongo::server::{find_binary, FerretServer};
 use mongodb::bson::{doc, Document};
 
+/// Both ends share this passphrase: the connection is encrypted, as by default.
 fn dedupwire() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_dedupwire"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dedupwire"));
+    cmd.env("DEDUPWIRE_KEY", "mongo cli test passphrase");
+    cmd
 }
 
 fn docs(server: &FerretServer) -> Vec<Vec<u8>> {

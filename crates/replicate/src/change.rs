@@ -46,6 +46,16 @@ pub trait ChangeSource {
     fn rewind(&mut self) -> Result<(), Self::Error> {
         Ok(())
     }
+    /// A new session starts with a replica that has applied everything up to `applied`
+    /// (`None`: nothing): rewind, then acknowledge that. A source that can tell the replica
+    /// has lost changes it no longer holds refuses here.
+    fn resume(&mut self, applied: Option<u64>) -> Result<(), Self::Error> {
+        self.rewind()?;
+        match applied {
+            Some(pos) => self.ack(pos),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Where changes go: a replica that applies a batch and records its position atomically.

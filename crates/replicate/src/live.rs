@@ -280,10 +280,7 @@ impl Sender {
             )));
         }
         // Everything up to the replica's position is applied: release it, send what follows.
-        source.rewind().map_err(source_err)?;
-        if let Some(pos) = peer.resume {
-            source.ack(pos).map_err(source_err)?;
-        }
+        source.resume(peer.resume).map_err(source_err)?;
         self.summary.resumed_after = peer.resume;
         let window = self.config.window.max(1);
         let mut last_polled = peer.resume;

@@ -657,3 +657,52 @@ fn sink_rejects_a_table_without_body() {
         .get(0);
     assert_eq!(body_type, "jsonb");
 }
+
+#[test]
+fn a_replica_behind_the_slot_or_a_slot_moved_elsewhere_is_refused() {
+    let Some(pg) = support::start() else { return };
+    let src_url = pg.create_database("src");
+    let mut src = pg.client("src");
+    src.batch_execute("CREATE TABLE docs (id int PRIMARY KEY, body text)")
+        .unwrap();
+    let mut source = open_source(&src_url, Tables::All);
+    for i in 0..4 {
+        src.execute("INSERT INTO docs VALUES ($1, 'doc')", &[&i])
+            .unwrap();
+    }
+    let changes = source.poll(100).unwrap();
+    assert_eq!(changes.len(), 4);
+    source.ack(changes[3].pos).unwrap();
+    drop(source);
+
+    // A replica restored from before the last release, or an empty one, would miss changes
+    // the slot no longer holds.
+    let mut source = open_source(&src_url, Tables::All);
+    expect_err(
+        source.resume(Some(changes[1].pos)),
+        "a replica behind the released position",
+        &["behind position", "re-seed the replica"],
+    );
+    expect_err(
+        source.resume(None),
+        "an empty replica on a used slot",
+        &["the replica is empty", "drop the slot"],
+    );
+    source.resume(Some(changes[3].pos)).unwrap();
+    assert!(source.poll(100).unwrap().is_empty());
+    drop(source);
+
+    // Something other than dedupwire moves the slot past changes no replica has seen.
+    src.execute("INSERT INTO docs VALUES (10, 'doc')", &[])
+        .unwrap();
+    src.query(
+        "SELECT pg_replication_slot_advance($1::text::name, pg_current_wal_lsn())",
+        &[&SLOT],
+    )
+    .unwrap();
+    expect_err(
+        PgSource::connect(&src_url, source_config(Tables::All)),
+        "a slot advanced elsewhere",
+        &["advanced outside dedupwire", "drop the slot"],
+    );
+}

@@ -40,7 +40,7 @@ mod wal2json;
 pub use copy::COPY_TABLE;
 pub use doc_store::PgDocStore;
 pub use sink::{BodyType, PgSink, PgSinkConfig, POSITION_TABLE};
-pub use source::{PgSource, PgSourceConfig, Tables};
+pub use source::{PgSource, PgSourceConfig, Tables, LEDGER_TABLE};
 
 use postgres::{Client, Config, GenericClient, NoTls};
 

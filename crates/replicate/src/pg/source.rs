@@ -180,7 +180,16 @@ pub struct PgSource {
     confirmed: u64,
     /// Restart points of the last decoded window, in order.
     restarts: Vec<Restart>,
+    /// What [`LEDGER_TABLE`] says this slot released last: the acknowledged position and
+    /// the slot's position after it.
+    ledger: Option<(u64, u64)>,
 }
+
+/// The table in the source database that remembers, per slot, the highest position released
+/// (acknowledged by a replica and dropped from the slot) and where that left the slot. A
+/// replica behind that position, or a slot moved by something else, has lost changes the slot
+/// no longer holds: the source refuses to go on rather than leave a silent gap.
+pub const LEDGER_TABLE: &str = "dedupwire_released";
 
 impl std::fmt::Debug for PgSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -223,11 +232,15 @@ impl PgSource {
             row_bytes: 1024,
             confirmed: 0,
             restarts: Vec::new(),
+            ledger: None,
             config,
         };
         source.setup_tables()?;
+        // Before the slot exists, so that its own transaction is not in the stream.
+        source.read_ledger()?;
         let created = source.ensure_slot()?;
         source.confirmed = source.read_confirmed()?;
+        source.check_ledger(created)?;
         source.load_copy()?;
         // The copy's snapshot right away, so that the stream, not the copy, carries what is
         // written from now on.
@@ -873,6 +886,87 @@ impl PgSource {
     }
 
     /// Moves the slot to the last restart point whose changes are all acknowledged.
+    /// Reads this slot's row of [`LEDGER_TABLE`] (creating the table if needed).
+    fn read_ledger(&mut self) -> Result<(), PgError> {
+        let slot = self.config.slot.clone();
+        self.client
+            .batch_execute(&format!(
+                "CREATE TABLE IF NOT EXISTS {LEDGER_TABLE} (slot text PRIMARY KEY, \
+                 released bigint NOT NULL, confirmed pg_lsn NOT NULL)"
+            ))
+            .map_err(query_err(format!("creating {LEDGER_TABLE}")))?;
+        let row = self
+            .client
+            .query_opt(
+                &format!("SELECT released, confirmed::text FROM {LEDGER_TABLE} WHERE slot = $1"),
+                &[&slot],
+            )
+            .map_err(query_err(format!("reading {LEDGER_TABLE}")))?;
+        self.ledger = match row {
+            None => None,
+            Some(row) => {
+                let released: i64 = row.get(0);
+                let confirmed: String = row.get(1);
+                let confirmed = parse_lsn(&confirmed).ok_or_else(|| {
+                    PgError::Setup(format!("{LEDGER_TABLE}: unreadable LSN {confirmed:?}"))
+                })?;
+                Some((released as u64, confirmed))
+            }
+        };
+        Ok(())
+    }
+
+    /// Forgets the ledger of a slot that was just created (an older slot of the same name
+    /// released nothing of this one), and refuses a slot that was advanced past what
+    /// dedupwire released.
+    fn check_ledger(&mut self, created: bool) -> Result<(), PgError> {
+        let slot = self.config.slot.clone();
+        if created {
+            if self.ledger.take().is_some() {
+                self.client
+                    .execute(
+                        &format!("DELETE FROM {LEDGER_TABLE} WHERE slot = $1"),
+                        &[&slot],
+                    )
+                    .map_err(query_err(format!("clearing {LEDGER_TABLE}")))?;
+            }
+            return Ok(());
+        }
+        match self.ledger {
+            Some((_, confirmed)) if self.confirmed > confirmed => Err(PgError::Setup(format!(
+                "replication slot {slot} was advanced outside dedupwire (to {}, past the {} \
+                 dedupwire released): the changes in between never reached the replica; drop \
+                 the slot and start again with an empty replica (a new slot copies the tables)",
+                format_lsn(self.confirmed),
+                format_lsn(confirmed)
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Refuses a replica at `resume` (`None`: empty) that is behind what this slot released.
+    fn check_resume(&self, resume: Option<u64>) -> Result<(), PgError> {
+        let Some((released, _)) = self.ledger else {
+            return Ok(());
+        };
+        if resume.is_some_and(|r| r >= released) {
+            return Ok(());
+        }
+        let slot = &self.config.slot;
+        Err(PgError::Setup(match resume {
+            None => format!(
+                "the replica is empty, but slot {slot} already released changes up to position \
+                 {released} to a replica: they are gone from the slot; drop the slot (a new slot \
+                 copies the tables) or point the receiver at the replica it was feeding"
+            ),
+            Some(r) => format!(
+                "the replica is at position {r}, behind position {released} that slot {slot} \
+                 already released (a replica restored from an older backup?): the changes in \
+                 between are gone from the slot; drop the slot and re-seed the replica"
+            ),
+        }))
+    }
+
     fn release(&mut self) -> Result<(), PgError> {
         let acked = self.acked;
         let target = self
@@ -890,6 +984,21 @@ impl PgSource {
         }
         let slot = self.config.slot.clone();
         let lsn = format_lsn(target);
+        // The ledger first: a crash before the advance leaves a ledger ahead of the slot,
+        // which is harmless; the other order could lose the record of a release.
+        if let Some(released) = acked.or(self.ledger.map(|l| l.0)) {
+            self.client
+                .execute(
+                    &format!(
+                        "INSERT INTO {LEDGER_TABLE} VALUES ($1, $2, $3::text::pg_lsn) \
+                         ON CONFLICT (slot) DO UPDATE SET released = GREATEST({LEDGER_TABLE}.released, \
+                         EXCLUDED.released), confirmed = EXCLUDED.confirmed"
+                    ),
+                    &[&slot, &(released as i64), &lsn],
+                )
+                .map_err(query_err(format!("writing {LEDGER_TABLE}")))?;
+            self.ledger = Some((released, target));
+        }
         self.client
             .execute(
                 "SELECT pg_replication_slot_advance($1::text::name, $2::text::pg_lsn)",
@@ -1023,6 +1132,15 @@ impl ChangeSource for PgSource {
         self.buffer.clear();
         self.exhausted = true;
         Ok(())
+    }
+
+    fn resume(&mut self, applied: Option<u64>) -> Result<(), PgError> {
+        self.check_resume(applied)?;
+        self.rewind()?;
+        match applied {
+            Some(pos) => self.ack(pos),
+            None => Ok(()),
+        }
     }
 }
 
