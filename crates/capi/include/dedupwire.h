@@ -13,8 +13,9 @@
  * stay the caller's. A handle is used by one thread at a time; different handles may be
  * used from different threads.
  *
- * Connections are plaintext TCP with the default channel configuration (the mode excepted:
- * see dw_connect_mode); encryption with a shared key is not exposed in this ABI yet.
+ * Channels use the default channel configuration (the mode excepted: see dw_connect_mode),
+ * over plaintext TCP (dw_listen, dw_connect) or encrypted and authenticated with a shared
+ * key (dw_listen_key, dw_connect_key; both ends must use the same key).
  */
 
 #ifndef DEDUPWIRE_H
@@ -66,6 +67,9 @@
 
 // A bug: the library panicked (the handle involved should be freed, not used again).
 #define DW_ERR_PANIC 12
+
+// A key string was empty, too short for a passphrase, or otherwise unusable.
+#define DW_ERR_KEY 13
 
 // Channel mode: measure dedup and plain on the connection and use the faster (the default).
 #define DW_MODE_ADAPTIVE 0
@@ -143,6 +147,14 @@ void dw_env_free(struct dw_env *env);
 // chunks in `env`. On success `*out` owns a handle to free with `dw_listener_free`.
 int dw_listen(const char *addr, struct dw_env *env, struct dw_listener **out);
 
+// `dw_listen` for encrypted, authenticated channels: accepted peers must connect with
+// `dw_connect_key` and the same key `key_text` (64 hexadecimal digits, or a passphrase of at least 16
+// characters; the caller keeps the string).
+int dw_listen_key(const char *addr,
+                  struct dw_env *env,
+                  const char *key_text,
+                  struct dw_listener **out);
+
 // Writes the address the listener is bound to ("ip:port", NUL-terminated) into `buf` of
 // `len` bytes; `DW_ERR_BUFFER` if it does not fit.
 int dw_listener_local_addr(struct dw_listener *listener, char *buf, size_t len);
@@ -160,7 +172,16 @@ void dw_listener_free(struct dw_listener *listener);
 int dw_connect(const char *addr, struct dw_env *env, struct dw_stream **out);
 
 // `dw_connect` with a `DW_MODE_*` mode, which the listening end adopts for both directions.
-int dw_connect_mode(const char *addr, struct dw_env *env, int mode, struct dw_stream **out);
+int dw_connect_mode(const char *addr, struct dw_env *env, int mode_code, struct dw_stream **out);
+
+// `dw_connect_mode` over an encrypted, authenticated connection to a `dw_listen_key`
+// listener holding the same key `key_text` (64 hexadecimal digits, or a passphrase of at least 16
+// characters; the caller keeps the string). A peer with another key is `DW_ERR_AUTH`.
+int dw_connect_key(const char *addr,
+                   struct dw_env *env,
+                   const char *key_text,
+                   int mode_code,
+                   struct dw_stream **out);
 
 // Sends the `len` bytes at `data` as one message (`data` may be null when `len` is 0);
 // returns once the peer has rebuilt and verified it. The caller keeps ownership of `data`.

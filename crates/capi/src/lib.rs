@@ -7,8 +7,10 @@
 //! UTF-8 are refused with a status, never dereferenced.
 //!
 //! Connections are plaintext TCP with the default channel configuration
-//! (`ChannelConfig::default()`), the mode excepted, which the connecting end may choose
-//! (`dw_connect_mode`); encryption with a shared key is not exposed yet.
+//! Channels use the default configuration (`ChannelConfig::default()`), the mode excepted,
+//! which the connecting end may choose (`dw_connect_mode`). They run over plaintext TCP, or
+//! encrypted and authenticated with a shared key (`dw_listen_key`, `dw_connect_key`: Noise
+//! over TCP, as `SecureStream`).
 //!
 //! The header is written by `build.rs` with cbindgen into the build directory; the committed
 //! copy is checked against it by a test, and refreshed with
@@ -23,12 +25,13 @@
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, CStr, CString};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use dedupwire_wire::{
-    ChannelConfig, ChannelStats, DedupListener, DedupStream, EnvConfig, Environment, Mode,
+    ChannelConfig, ChannelStats, DedupListener, DedupStream, EnvConfig, Environment, Key, Mode,
+    Role, SecureStream,
 };
 
 /// The call succeeded.
@@ -57,6 +60,8 @@ pub const DW_ERR_BUFFER: c_int = 10;
 pub const DW_ERR_AUTH: c_int = 11;
 /// A bug: the library panicked (the handle involved should be freed, not used again).
 pub const DW_ERR_PANIC: c_int = 12;
+/// A key string was empty, too short for a passphrase, or otherwise unusable.
+pub const DW_ERR_KEY: c_int = 13;
 
 /// Channel mode: measure dedup and plain on the connection and use the faster (the default).
 pub const DW_MODE_ADAPTIVE: c_int = 0;
@@ -72,12 +77,87 @@ pub struct dw_env {
 
 /// A TCP listener accepting dedup channels.
 pub struct dw_listener {
-    listener: DedupListener,
+    listener: Listener,
+}
+
+enum Listener {
+    Plain(DedupListener),
+    Secure {
+        listener: TcpListener,
+        key: Key,
+        store: Arc<Environment>,
+    },
+}
+
+impl Listener {
+    fn local_addr(&self) -> Result<SocketAddr, Failure> {
+        match self {
+            Listener::Plain(l) => Ok(l.local_addr()?),
+            Listener::Secure { listener, .. } => Ok(listener.local_addr().map_err(io)?),
+        }
+    }
+
+    fn accept(&self) -> Result<Channel, Failure> {
+        match self {
+            Listener::Plain(l) => Ok(Channel::Plain(l.accept()?)),
+            Listener::Secure {
+                listener,
+                key,
+                store,
+            } => {
+                let (tcp, _) = listener.accept().map_err(io)?;
+                tcp.set_nodelay(true).map_err(io)?;
+                let secure = SecureStream::server(tcp, key)?;
+                let config = ChannelConfig::default();
+                let stream = DedupStream::new(secure, store.clone(), config, Role::Accept)?;
+                Ok(Channel::Secure(stream))
+            }
+        }
+    }
 }
 
 /// One dedup channel: a connection that sends messages and receives them.
 pub struct dw_stream {
-    stream: DedupStream<TcpStream>,
+    stream: Channel,
+}
+
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a channel lives boxed in its dw_stream"
+)]
+enum Channel {
+    Plain(DedupStream<TcpStream>),
+    Secure(DedupStream<SecureStream<TcpStream>>),
+}
+
+impl Channel {
+    fn send(&mut self, msg: &[u8]) -> Result<(), Failure> {
+        match self {
+            Channel::Plain(s) => Ok(s.send(msg)?),
+            Channel::Secure(s) => Ok(s.send(msg)?),
+        }
+    }
+
+    fn recv(&mut self) -> Result<Vec<u8>, Failure> {
+        match self {
+            Channel::Plain(s) => Ok(s.recv()?),
+            Channel::Secure(s) => Ok(s.recv()?),
+        }
+    }
+
+    fn stats(&self) -> ChannelStats {
+        match self {
+            Channel::Plain(s) => s.stats(),
+            Channel::Secure(s) => s.stats(),
+        }
+    }
+
+    fn close(self) -> Result<(), Failure> {
+        match self {
+            Channel::Plain(s) => Ok(s.close()?),
+            Channel::Secure(s) => Ok(s.close()?),
+        }
+    }
 }
 
 /// What a stream has moved so far, both directions.
@@ -168,6 +248,24 @@ impl From<dedupwire_wire::Error> for Failure {
             _ => DW_ERR_PROTOCOL,
         };
         Failure::new(code, e.to_string())
+    }
+}
+
+fn io(e: std::io::Error) -> Failure {
+    dedupwire_wire::Error::Io(e).into()
+}
+
+fn key(text: *const c_char) -> Result<Key, Failure> {
+    let text = string(text, "key")?;
+    Key::from_text(text, "the key").map_err(|e| Failure::new(DW_ERR_KEY, e.to_string()))
+}
+
+fn mode(mode: c_int) -> Result<Mode, Failure> {
+    match mode {
+        DW_MODE_ADAPTIVE => Ok(Mode::Adaptive),
+        DW_MODE_DEDUP => Ok(Mode::Dedup),
+        DW_MODE_PLAIN => Ok(Mode::Plain),
+        m => Err(Failure::new(DW_ERR_CONFIG, format!("unknown mode {m}"))),
     }
 }
 
@@ -283,7 +381,42 @@ pub extern "C" fn dw_listen(
         non_null(out, "out")?;
         let addrs = resolve(addr)?;
         let listener = DedupListener::bind(&addrs[..], env.env.clone(), ChannelConfig::default())?;
-        give(out, dw_listener { listener })
+        give(
+            out,
+            dw_listener {
+                listener: Listener::Plain(listener),
+            },
+        )
+    })
+}
+
+/// `dw_listen` for encrypted, authenticated channels: accepted peers must connect with
+/// `dw_connect_key` and the same key `key_text` (64 hexadecimal digits, or a passphrase of at least 16
+/// characters; the caller keeps the string).
+#[no_mangle]
+pub extern "C" fn dw_listen_key(
+    addr: *const c_char,
+    env: *mut dw_env,
+    key_text: *const c_char,
+    out: *mut *mut dw_listener,
+) -> c_int {
+    guard(|| {
+        let addr = string(addr, "addr")?;
+        let env = non_null(env, "env")?;
+        let key = key(key_text)?;
+        non_null(out, "out")?;
+        let addrs = resolve(addr)?;
+        let listener = TcpListener::bind(&addrs[..]).map_err(io)?;
+        give(
+            out,
+            dw_listener {
+                listener: Listener::Secure {
+                    listener,
+                    key,
+                    store: env.env.clone(),
+                },
+            },
+        )
     })
 }
 
@@ -361,26 +494,59 @@ pub extern "C" fn dw_connect(
 pub extern "C" fn dw_connect_mode(
     addr: *const c_char,
     env: *mut dw_env,
-    mode: c_int,
+    mode_code: c_int,
     out: *mut *mut dw_stream,
 ) -> c_int {
     guard(|| {
         let addr = string(addr, "addr")?;
         let env = non_null(env, "env")?;
         non_null(out, "out")?;
-        let mode = match mode {
-            DW_MODE_ADAPTIVE => Mode::Adaptive,
-            DW_MODE_DEDUP => Mode::Dedup,
-            DW_MODE_PLAIN => Mode::Plain,
-            m => return Err(Failure::new(DW_ERR_CONFIG, format!("unknown mode {m}"))),
-        };
-        let addrs = resolve(addr)?;
         let config = ChannelConfig {
-            mode,
+            mode: mode(mode_code)?,
             ..ChannelConfig::default()
         };
+        let addrs = resolve(addr)?;
         let stream = DedupStream::connect(&addrs[..], env.env.clone(), config)?;
-        give(out, dw_stream { stream })
+        give(
+            out,
+            dw_stream {
+                stream: Channel::Plain(stream),
+            },
+        )
+    })
+}
+
+/// `dw_connect_mode` over an encrypted, authenticated connection to a `dw_listen_key`
+/// listener holding the same key `key_text` (64 hexadecimal digits, or a passphrase of at least 16
+/// characters; the caller keeps the string). A peer with another key is `DW_ERR_AUTH`.
+#[no_mangle]
+pub extern "C" fn dw_connect_key(
+    addr: *const c_char,
+    env: *mut dw_env,
+    key_text: *const c_char,
+    mode_code: c_int,
+    out: *mut *mut dw_stream,
+) -> c_int {
+    guard(|| {
+        let addr = string(addr, "addr")?;
+        let env = non_null(env, "env")?;
+        let key = key(key_text)?;
+        non_null(out, "out")?;
+        let config = ChannelConfig {
+            mode: mode(mode_code)?,
+            ..ChannelConfig::default()
+        };
+        let addrs = resolve(addr)?;
+        let tcp = TcpStream::connect(&addrs[..]).map_err(io)?;
+        tcp.set_nodelay(true).map_err(io)?;
+        let secure = SecureStream::client(tcp, &key)?;
+        let stream = DedupStream::new(secure, env.env.clone(), config, Role::Connect)?;
+        give(
+            out,
+            dw_stream {
+                stream: Channel::Secure(stream),
+            },
+        )
     })
 }
 
@@ -398,8 +564,7 @@ pub extern "C" fn dw_send(stream: *mut dw_stream, data: *const u8, len: usize) -
             // SAFETY: non-null, and the caller promises `len` readable bytes (header contract).
             unsafe { std::slice::from_raw_parts(data, len) }
         };
-        stream.stream.send(msg)?;
-        Ok(())
+        stream.stream.send(msg)
     })
 }
 
@@ -455,8 +620,7 @@ pub extern "C" fn dw_close(stream: *mut dw_stream) -> c_int {
         }
         // SAFETY: a non-null handle came from `dw_accept`/`dw_connect` and is closed once.
         let stream = unsafe { Box::from_raw(stream) };
-        stream.stream.close()?;
-        Ok(())
+        stream.stream.close()
     })
 }
 

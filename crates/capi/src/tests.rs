@@ -199,3 +199,96 @@ fn messages_round_trip_and_the_second_is_deduplicated() {
     dw_listener_free(listener);
     dw_env_free(server_env);
 }
+
+#[test]
+fn keys_are_checked_before_anything_is_opened() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = open_env(&dir);
+    let mut listener = null_mut();
+    let addr = c"127.0.0.1:0".as_ptr();
+    assert_eq!(dw_listen_key(addr, env, null(), &mut listener), DW_ERR_NULL);
+    assert_eq!(last_error(), "key is null");
+    assert_eq!(
+        dw_listen_key(addr, env, c"short".as_ptr(), &mut listener),
+        DW_ERR_KEY
+    );
+    assert!(
+        last_error().contains("passphrase of 5 characters"),
+        "{}",
+        last_error()
+    );
+    assert!(listener.is_null());
+    let mut stream = null_mut();
+    let key = c"a passphrase long enough".as_ptr();
+    assert_eq!(
+        dw_connect_key(addr, env, key, 9, &mut stream),
+        DW_ERR_CONFIG
+    );
+    assert!(stream.is_null());
+    dw_env_free(env);
+}
+
+fn keyed_exchange(server_key: &'static CStr, client_key: &'static CStr) -> (c_int, c_int) {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (server_env, client_env) = (open_env(&a), open_env(&b));
+    let mut listener = null_mut();
+    assert_eq!(
+        dw_listen_key(
+            c"127.0.0.1:0".as_ptr(),
+            server_env,
+            server_key.as_ptr(),
+            &mut listener
+        ),
+        DW_OK
+    );
+    dw_env_free(server_env);
+    let mut buf = [0 as c_char; 64];
+    assert_eq!(
+        dw_listener_local_addr(listener, buf.as_mut_ptr(), buf.len()),
+        DW_OK
+    );
+    // SAFETY: the call wrote a NUL-terminated string into `buf`.
+    let addr = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_owned();
+    let listener_addr = listener as usize;
+    let server = std::thread::spawn(move || {
+        let mut s = null_mut();
+        let status = dw_accept(listener_addr as *mut dw_listener, &mut s);
+        if status != DW_OK {
+            return status;
+        }
+        let (mut data, mut len) = (null_mut(), 0usize);
+        assert_eq!(dw_recv(s, &mut data, &mut len), DW_OK, "{}", last_error());
+        assert_eq!(dw_send(s, data, len), DW_OK);
+        dw_buf_free(data, len);
+        dw_close(s)
+    });
+    let mut c = null_mut();
+    let key = client_key.as_ptr();
+    let status = dw_connect_key(addr.as_ptr(), client_env, key, DW_MODE_ADAPTIVE, &mut c);
+    dw_env_free(client_env);
+    if status == DW_OK {
+        assert_eq!(dw_send(c, b"secret".as_ptr(), 6), DW_OK);
+        let (mut data, mut len) = (null_mut(), 0usize);
+        assert_eq!(dw_recv(c, &mut data, &mut len), DW_OK);
+        // SAFETY: `dw_recv` returned `len` bytes at `data`.
+        assert_eq!(unsafe { std::slice::from_raw_parts(data, len) }, b"secret");
+        dw_buf_free(data, len);
+        assert_eq!(dw_close(c), DW_OK);
+    }
+    let served = server.join().unwrap();
+    dw_listener_free(listener);
+    (status, served)
+}
+
+#[test]
+fn keyed_channels_round_trip_and_refuse_another_key() {
+    let key = c"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    assert_eq!(keyed_exchange(key, key), (DW_OK, DW_OK));
+    let (client, server) = keyed_exchange(key, c"another passphrase entirely");
+    assert_eq!(
+        (client, server),
+        (DW_ERR_AUTH, DW_ERR_AUTH),
+        "{}",
+        last_error()
+    );
+}
