@@ -1,0 +1,69 @@
+//! Builds `examples/c/echo.c` with the system C compiler against the static library, runs it,
+//! and checks what it reports.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let deps = exe.parent().expect("the deps directory");
+    deps.parent().expect("the profile directory").to_path_buf()
+}
+
+fn stat(line: &str, name: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+        .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+        .parse()
+        .expect("a number")
+}
+
+#[test]
+fn the_c_echo_example_round_trips_and_deduplicates() {
+    let lib = target_dir().join("libdedupwire_capi.a");
+    assert!(lib.exists(), "{} is missing", lib.display());
+    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let work = tempfile::tempdir().unwrap();
+    let exe = work.path().join("echo");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let built = Command::new(&cc)
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(crate_dir.join("include"))
+        .arg(crate_dir.join("examples/c/echo.c"))
+        .arg(&lib)
+        .args(["-lpthread", "-ldl", "-lm", "-o"])
+        .arg(&exe)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cc}: {e}"));
+    assert!(
+        built.status.success(),
+        "{cc} failed:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+
+    let ran = Command::new(&exe).arg(work.path()).output().unwrap();
+    let stdout = String::from_utf8_lossy(&ran.stdout);
+    assert!(
+        ran.status.success(),
+        "echo failed ({}):\n{stdout}\n{}",
+        ran.status,
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    assert!(stdout.contains("echo: ok"), "{stdout}");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("stats: "))
+        .unwrap_or_else(|| panic!("no stats line in {stdout:?}"));
+    let message = 1 << 20;
+    assert_eq!(stat(line, "messages_sent"), 2);
+    assert_eq!(stat(line, "message_bytes_sent"), 2 * message);
+    assert_eq!(stat(line, "bytes_hit"), message, "{line}");
+    assert!(
+        stat(line, "socket_bytes_sent") < message * 11 / 10,
+        "{line}"
+    );
+    assert!(
+        stat(line, "socket_bytes_received") < message * 11 / 10,
+        "{line}"
+    );
+}
