@@ -6,6 +6,8 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo build -p dedupwire-capi (the C example links its static library)"
+cargo build -p dedupwire-capi
 echo "== cargo test"
 cargo test --workspace 2>&1 | tee target/test-output.txt
 if [ -x fuzz/run.sh ] && [ "${FUZZ_SECONDS:-20}" != 0 ]; then

@@ -20,7 +20,20 @@ fn stat(line: &str, name: &str) -> u64 {
 
 #[test]
 fn the_c_echo_example_round_trips_and_deduplicates() {
-    let lib = target_dir().join("libdedupwire_capi.a");
+    let mut lib = target_dir().join("libdedupwire_capi.a");
+    if !lib.exists() {
+        // `cargo test` builds only the rlib; build the static library in a directory of its
+        // own (the test run holds the main target directory's lock).
+        let own = target_dir().join("capi-example");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "-p", "dedupwire-capi", "--target-dir"])
+            .arg(&own)
+            .status()
+            .expect("cargo");
+        assert!(status.success(), "building the static library failed");
+        lib = own.join("debug").join("libdedupwire_capi.a");
+    }
     assert!(lib.exists(), "{} is missing", lib.display());
     let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let work = tempfile::tempdir().unwrap();
