@@ -9,13 +9,14 @@ echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test"
 cargo test --workspace 2>&1 | tee target/test-output.txt
-echo "== python package (maturin develop + pytest)"
+echo "== python package (maturin develop, pytest, stubtest)"
 if command -v python3 >/dev/null; then
   [ -x target/pyenv/bin/python ] || python3 -m venv target/pyenv
-  target/pyenv/bin/pip install -q --disable-pip-version-check maturin pytest
+  target/pyenv/bin/pip install -q --disable-pip-version-check maturin pytest mypy
   VIRTUAL_ENV="$PWD/target/pyenv" PATH="$PWD/target/pyenv/bin:$PATH" \
     maturin develop -m python/Cargo.toml
-  target/pyenv/bin/python -m pytest python/tests -q 2>&1 | tee target/pytest-output.txt
+  target/pyenv/bin/python -m pytest python/tests -q -p no:cacheprovider 2>&1 | tee target/pytest-output.txt
+  (cd target && pyenv/bin/python -m mypy.stubtest dedupwire)
 else
   echo "python3 is missing: SKIPPING the Python package's tests (python/tests)"
   : >target/pytest-output.txt

@@ -1,29 +1,40 @@
 from os import PathLike
 from types import TracebackType
-from typing import Dict, Literal, Optional, Tuple, Type, Union
+from typing import Dict, Literal, Optional, Tuple, Type, Union, final
 
 __version__: str
+__all__ = [
+    "DedupError",
+    "Environment",
+    "Listener",
+    "Stream",
+    "__version__",
+    "connect",
+    "listen",
+]
 
-Address = Union[str, Tuple[str, int]]
-Mode = Literal["adaptive", "dedup", "plain"]
+_Address = Union[str, Tuple[str, int]]
+_Mode = Literal["adaptive", "dedup", "plain"]
 
 class DedupError(Exception):
     """An error of the dedup channel or its chunk store; the message is the Rust error's."""
 
+@final
 class Environment:
     """A persistent, size-bounded chunk store in a directory, shared by every stream given it."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         path: Union[str, "PathLike[str]"],
         max_bytes: Optional[int] = None,
         segment_bytes: Optional[int] = None,
-    ) -> None: ...
+    ) -> "Environment": ...
     @property
     def path(self) -> str: ...
     def stats(self) -> Dict[str, int]: ...
     def sync(self) -> None: ...
 
+@final
 class Stream:
     """A deduplicating message channel: ``send`` a message, ``recv`` one."""
 
@@ -43,6 +54,7 @@ class Stream:
         tb: Optional[TracebackType],
     ) -> None: ...
 
+@final
 class Listener:
     """Accepts dedup channels on a TCP port, all sharing one chunk store."""
 
@@ -60,7 +72,7 @@ class Listener:
         tb: Optional[TracebackType],
     ) -> None: ...
 
-def listen(addr: Address, env: Optional[Environment] = None) -> Listener: ...
+def listen(addr: _Address, env: Optional[Environment] = None) -> Listener: ...
 def connect(
-    addr: Address, env: Optional[Environment] = None, mode: Mode = "adaptive"
+    addr: _Address, env: Optional[Environment] = None, mode: _Mode = "adaptive"
 ) -> Stream: ...

@@ -149,6 +149,7 @@ struct PyStream {
     inner: Mutex<Option<DedupStream<TcpStream>>>,
     peer: Option<SocketAddr>,
     peer_gone: AtomicBool,
+    last_stats: Mutex<Option<ChannelStats>>,
 }
 
 impl PyStream {
@@ -157,6 +158,7 @@ impl PyStream {
             peer: s.get_ref().peer_addr().ok(),
             inner: Mutex::new(Some(s)),
             peer_gone: AtomicBool::new(false),
+            last_stats: Mutex::new(None),
         }
     }
 
@@ -201,10 +203,15 @@ impl PyStream {
     /// Finishes what is in flight, says goodbye and drops the connection (only drops it once
     /// the peer is known to have gone); closing twice is allowed.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        py.allow_threads(|| match self.lock().take() {
-            Some(_) if self.peer_gone.load(Ordering::Relaxed) => Ok(()),
-            Some(s) => s.close().map_err(|e| e.to_string()),
-            None => Ok(()),
+        py.allow_threads(|| {
+            let Some(s) = self.lock().take() else {
+                return Ok(());
+            };
+            *self.last_stats.lock().unwrap_or_else(|p| p.into_inner()) = Some(s.stats());
+            if self.peer_gone.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            s.close().map_err(|e| e.to_string())
         })
         .map_err(DedupError::new_err)
     }
@@ -221,9 +228,18 @@ impl PyStream {
         self.peer.map(|a| (a.ip().to_string(), a.port()))
     }
 
-    /// What this end has moved so far, both directions, as a dict.
+    /// What this end has moved so far, both directions, as a dict (after `close`, what it
+    /// had moved when closed).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.with_open(py, |s| Ok(s.stats()))?;
+        let last = self
+            .last_stats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let s = match last {
+            Some(s) => s,
+            None => self.with_open(py, |s| Ok(s.stats()))?,
+        };
         stats_dict(py, &s)
     }
 
