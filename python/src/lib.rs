@@ -149,6 +149,7 @@ struct PyStream {
     inner: Mutex<Option<DedupStream<TcpStream>>>,
     peer: Option<SocketAddr>,
     peer_gone: AtomicBool,
+    closed: AtomicBool,
     last_stats: Mutex<Option<ChannelStats>>,
 }
 
@@ -158,6 +159,7 @@ impl PyStream {
             peer: s.get_ref().peer_addr().ok(),
             inner: Mutex::new(Some(s)),
             peer_gone: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
             last_stats: Mutex::new(None),
         }
     }
@@ -203,6 +205,7 @@ impl PyStream {
     /// Finishes what is in flight, says goodbye and drops the connection (only drops it once
     /// the peer is known to have gone); closing twice is allowed.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.closed.store(true, Ordering::Relaxed);
         py.allow_threads(|| {
             let Some(s) = self.lock().take() else {
                 return Ok(());
@@ -219,7 +222,7 @@ impl PyStream {
     /// Whether `close` has been called.
     #[getter]
     fn closed(&self) -> bool {
-        self.lock().is_none()
+        self.closed.load(Ordering::Relaxed)
     }
 
     /// The peer's `(host, port)`.

@@ -1,4 +1,3 @@
-import os
 import random
 import socket
 import threading
@@ -166,4 +165,27 @@ def test_send_takes_bytes_only():
                 s.send("text")  # type: ignore[arg-type]
             s.send(b"ok")
             assert s.recv() == b"ok"
+        join()
+
+
+def test_other_threads_run_while_a_stream_waits_in_recv():
+    go = threading.Event()
+
+    def reply_when_told(s):
+        go.wait(30)
+        s.send(b"late")
+
+    with dedupwire.listen("127.0.0.1:0") as listener:
+        join = serve(listener, reply_when_told)
+        with dedupwire.connect(listener.address) as s:
+            got = []
+            waiter = threading.Thread(target=lambda: got.append(s.recv()), daemon=True)
+            waiter.start()
+            waiter.join(0.2)
+            assert waiter.is_alive()
+            assert not s.closed
+            assert "open" in repr(s)
+            go.set()
+            waiter.join(30)
+            assert got == [b"late"]
         join()
