@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every check a commit must pass: formatting, lints, all tests, a bounded fuzz run.
+# Runs every check a commit must pass: formatting, lints, all tests (Rust, then the Python
+# package's pytest suite in a venv under target/), a bounded fuzz run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 echo "== cargo fmt --check"
@@ -10,10 +11,22 @@ echo "== cargo build -p dedupwire-capi (the C example links its static library)"
 cargo build -p dedupwire-capi
 echo "== cargo test"
 cargo test --workspace 2>&1 | tee target/test-output.txt
+echo "== python package (maturin develop, pytest, stubtest)"
+if command -v python3 >/dev/null; then
+  [ -x target/pyenv/bin/python ] || python3 -m venv target/pyenv
+  target/pyenv/bin/pip install -q --disable-pip-version-check maturin pytest mypy
+  VIRTUAL_ENV="$PWD/target/pyenv" PATH="$PWD/target/pyenv/bin:$PATH" \
+    maturin develop -m python/Cargo.toml
+  target/pyenv/bin/python -m pytest python/tests -q -p no:cacheprovider 2>&1 | tee target/pytest-output.txt
+  (cd target && pyenv/bin/python -m mypy.stubtest dedupwire)
+else
+  echo "python3 is missing: SKIPPING the Python package's tests (python/tests)"
+  : >target/pytest-output.txt
+fi
 if [ -x fuzz/run.sh ] && [ "${FUZZ_SECONDS:-20}" != 0 ]; then
   echo "== fuzz (${FUZZ_SECONDS:-20} s per target)"
   bash fuzz/run.sh "${FUZZ_SECONDS:-20}"
 fi
-passed=$(grep -Eo '[0-9]+ passed' target/test-output.txt | awk '{s+=$1} END {print s+0}')
-failed=$(grep -Eo '[0-9]+ failed' target/test-output.txt | awk '{s+=$1} END {print s+0}')
+passed=$(grep -Eo '[0-9]+ passed' -h target/test-output.txt target/pytest-output.txt | awk '{s+=$1} END {print s+0}')
+failed=$(grep -Eo '[0-9]+ failed' -h target/test-output.txt target/pytest-output.txt | awk '{s+=$1} END {print s+0}')
 echo "all checks: $passed passed, $failed failed"

@@ -1,0 +1,27 @@
+"""dedupwire: a message socket that sends only what the peer lacks.
+
+``connect`` and ``listen`` open dedup channels over TCP; a ``Stream`` sends and receives
+whole messages (``bytes``), each verified end to end. Chunks both ends have seen are kept in
+a chunk store: an ``Environment`` (a directory on disk, shared by every stream given it) or,
+with ``env=None``, an in-memory store. Every channel error is a ``DedupError``.
+"""
+
+from ._dedupwire import (
+    DedupError,
+    Environment,
+    Listener,
+    Stream,
+    __version__,
+    connect,
+    listen,
+)
+
+__all__ = [
+    "DedupError",
+    "Environment",
+    "Listener",
+    "Stream",
+    "__version__",
+    "connect",
+    "listen",
+]
