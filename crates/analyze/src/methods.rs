@@ -288,6 +288,21 @@ const PROXY_SLICES: usize = 8;
 /// Bytes per proxy slice: 8 × 4 KiB = 1/128 of a batch.
 const PROXY_SLICE: usize = 4 << 10;
 
+/// Appends to `out` the parts of `data`, which starts at offset `at` of its batch, that fall in
+/// the batch's proxy slices.
+fn proxy_slices(at: usize, data: &[u8], out: &mut Vec<u8>) {
+    let stride = BATCH_BYTES / PROXY_SLICES;
+    let to = at + data.len();
+    let mut k = at / stride;
+    while k * stride < to {
+        let (s, e) = ((k * stride).max(at), (k * stride + PROXY_SLICE).min(to));
+        if s < e {
+            out.extend_from_slice(&data[s - at..e - at]);
+        }
+        k += 1;
+    }
+}
+
 /// Compresses a stream in 4 MiB batches: the first [`crate::FULL_RESIDUAL_BATCHES`] in full,
 /// then one batch in `every`, and estimates the rest with a **ratio estimator**: every batch
 /// also has a cheap proxy (eight 4 KiB slices spread over it, compressed together, 1/128 of the
@@ -305,8 +320,7 @@ struct Residual {
     every: u64,
     /// Bytes in and out of the batches compressed in full.
     full: (u64, u64),
-    /// Raw bytes and summed proxy estimates of all tail batches.
-    tail_raw: u64,
+    /// Summed proxy estimates of all tail batches.
     tail_proxy: f64,
     /// (proxy estimate, real output) of the sampled tail batches.
     pairs: Vec<(f64, f64)>,
@@ -328,7 +342,6 @@ impl Residual {
             batches: 0,
             every: every.max(1),
             full: (0, 0),
-            tail_raw: 0,
             tail_proxy: 0.0,
             pairs: Vec::new(),
             tail_batches: 0,
@@ -359,28 +372,13 @@ impl Residual {
             if self.sampling() {
                 self.buf.extend_from_slice(&data[..take]);
             } else if self.every > 1 {
-                self.copy_proxy(&data[..take]);
+                proxy_slices(self.cur, &data[..take], &mut self.proxy);
             }
             self.cur += take;
             data = &data[take..];
             if self.cur >= BATCH_BYTES {
                 self.flush();
             }
-        }
-    }
-
-    /// Copies the parts of `data` (at batch offset `self.cur`) that fall in proxy slices.
-    fn copy_proxy(&mut self, data: &[u8]) {
-        let stride = BATCH_BYTES / PROXY_SLICES;
-        let (from, to) = (self.cur, self.cur + data.len());
-        let mut k = from / stride;
-        while k * stride < to {
-            let (s, e) = (k * stride, k * stride + PROXY_SLICE);
-            let (s, e) = (s.max(from), e.min(to));
-            if s < e {
-                self.proxy.extend_from_slice(&data[s - from..e - from]);
-            }
-            k += 1;
         }
     }
 
@@ -396,19 +394,9 @@ impl Residual {
             self.full.0 += raw;
             self.full.1 += out;
         } else {
-            self.tail_raw += raw;
             let sampled = self.tail_batches % self.every == 0;
             if sampled && self.every > 1 {
-                let mut at = 0;
-                self.cur = 0;
-                let buf = std::mem::take(&mut self.buf);
-                while at < buf.len() {
-                    let end = (at + BATCH_BYTES / PROXY_SLICES).min(buf.len());
-                    self.copy_proxy(&buf[at..end]);
-                    self.cur = end;
-                    at = end;
-                }
-                self.buf = buf;
+                proxy_slices(0, &self.buf, &mut self.proxy);
             }
             let proxy = if self.every > 1 {
                 let (p, len) = (&self.proxy, self.proxy.len());

@@ -202,30 +202,6 @@ fn database_of(url: &str, flag: &str) -> Result<Database> {
     }
 }
 
-/// A source store's failed reads, for the end-of-run warning.
-trait ReadErrors {
-    fn errors(&self) -> u64;
-    fn last_error(&self) -> Option<&str>;
-}
-
-impl ReadErrors for PgDocStore {
-    fn errors(&self) -> u64 {
-        PgDocStore::errors(self)
-    }
-    fn last_error(&self) -> Option<&str> {
-        PgDocStore::last_error(self)
-    }
-}
-
-impl ReadErrors for MongoDocStore {
-    fn errors(&self) -> u64 {
-        MongoDocStore::errors(self)
-    }
-    fn last_error(&self) -> Option<&str> {
-        MongoDocStore::last_error(self)
-    }
-}
-
 fn send(o: SendOptions) -> Result<()> {
     match database_of(&o.from, "--from")? {
         Database::Postgres => {
@@ -272,7 +248,7 @@ fn open_pg_source(o: &SendOptions) -> Result<(PgSource, PgDocStore)> {
 fn send_from<Src, St>(o: SendOptions, source: &mut Src, store: &mut St) -> Result<()>
 where
     Src: ChangeSource,
-    St: SourceStore + ReadErrors,
+    St: SourceStore,
 {
     let stream = TcpStream::connect(&o.to)
         .with_context(|| format!("cannot connect to the receiver at {}", o.to))?;
@@ -285,11 +261,11 @@ where
     if o.stats {
         eprintln!("{}", serde_json::to_string_pretty(sender.summary())?);
     }
-    if store.errors() > 0 {
+    let (failed, last) = store.failures();
+    if failed > 0 {
         eprintln!(
-            "dedupwire: warning: {} source reads failed (those documents were sent whole); last: {}",
-            store.errors(),
-            store.last_error().unwrap_or("?")
+            "dedupwire: warning: {failed} source reads failed (those documents were sent whole); last: {}",
+            last.unwrap_or("?")
         );
     }
     result.with_context(|| format!("replication to {} stopped", o.to))

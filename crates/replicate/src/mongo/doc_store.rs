@@ -4,7 +4,7 @@ use mongodb::bson::{doc, Document};
 use mongodb::sync::Client;
 
 use super::{command_err, connect, doc_text, parse_id, split_ns, MongoError};
-use crate::sdedup::SourceStore;
+use crate::sdedup::{FetchFailures, SourceStore};
 
 /// A source server's documents, read by (`db.collection`, `_id` text): the sender's
 /// [`SourceStore`] for [`crate::mongo::MongoSource`], with its own client.
@@ -15,15 +15,13 @@ use crate::sdedup::SourceStore;
 /// sent whole) and are kept for the report.
 pub struct MongoDocStore {
     client: Client,
-    errors: u64,
-    last_error: Option<String>,
+    failures: FetchFailures,
 }
 
 impl std::fmt::Debug for MongoDocStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MongoDocStore")
-            .field("errors", &self.errors)
-            .field("last_error", &self.last_error)
+            .field("failures", &self.failures)
             .finish_non_exhaustive()
     }
 }
@@ -34,19 +32,8 @@ impl MongoDocStore {
         let (client, _) = connect(url)?;
         Ok(MongoDocStore {
             client,
-            errors: 0,
-            last_error: None,
+            failures: FetchFailures::default(),
         })
-    }
-
-    /// Failed reads so far.
-    pub fn errors(&self) -> u64 {
-        self.errors
-    }
-
-    /// The last failure, if any.
-    pub fn last_error(&self) -> Option<&str> {
-        self.last_error.as_deref()
     }
 
     fn try_fetch(&self, collection: &str, id: &str) -> Result<Option<Vec<u8>>, MongoError> {
@@ -65,12 +52,15 @@ impl MongoDocStore {
 }
 
 impl SourceStore for MongoDocStore {
+    fn failures(&self) -> (u64, Option<&str>) {
+        self.failures.get()
+    }
+
     fn fetch(&mut self, collection: &str, id: &str) -> Option<Vec<u8>> {
         match self.try_fetch(collection, id) {
             Ok(doc) => doc,
             Err(e) => {
-                self.errors += 1;
-                self.last_error = Some(e.to_string());
+                self.failures.record(e);
                 None
             }
         }

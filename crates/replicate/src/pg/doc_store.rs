@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::sdedup::SourceStore;
+use crate::sdedup::{FetchFailures, SourceStore};
 
 /// A source database's documents, read by (collection, id) on a connection of its own: the
 /// sender's [`SourceStore`] for [`crate::pg::PgSource`].
@@ -16,15 +16,13 @@ pub struct PgDocStore {
     client: Option<postgres::Client>,
     tables: std::collections::HashMap<String, Option<(crate::pg::TableName, String)>>,
     retry_at: Instant,
-    errors: u64,
-    last_error: Option<String>,
+    failures: FetchFailures,
 }
 
 impl std::fmt::Debug for PgDocStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgDocStore")
-            .field("errors", &self.errors)
-            .field("last_error", &self.last_error)
+            .field("failures", &self.failures)
             .finish_non_exhaustive()
     }
 }
@@ -38,19 +36,8 @@ impl PgDocStore {
             client: Some(client),
             tables: std::collections::HashMap::new(),
             retry_at: Instant::now(),
-            errors: 0,
-            last_error: None,
+            failures: FetchFailures::default(),
         })
-    }
-
-    /// Failed reads so far.
-    pub fn errors(&self) -> u64 {
-        self.errors
-    }
-
-    /// The last failure, if any.
-    pub fn last_error(&self) -> Option<&str> {
-        self.last_error.as_deref()
     }
 
     fn try_fetch(
@@ -96,12 +83,15 @@ impl PgDocStore {
 }
 
 impl SourceStore for PgDocStore {
+    fn failures(&self) -> (u64, Option<&str>) {
+        self.failures.get()
+    }
+
     fn fetch(&mut self, collection: &str, id: &str) -> Option<Vec<u8>> {
         match self.try_fetch(collection, id) {
             Ok(doc) => doc,
             Err(e) => {
-                self.errors += 1;
-                self.last_error = Some(e.to_string());
+                self.failures.record(e);
                 // Forget the table too: it may have changed.
                 self.tables.remove(collection);
                 if self.client.as_ref().is_some_and(|c| c.is_closed()) {

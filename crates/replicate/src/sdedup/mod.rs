@@ -63,6 +63,31 @@ impl Default for SdedupConfig {
 pub trait SourceStore {
     /// The current body of `id` in `collection`, if it exists.
     fn fetch(&mut self, collection: &str, id: &str) -> Option<Vec<u8>>;
+    /// Reads that failed so far (each answered as "not found", so the entry went whole), and
+    /// the last failure, for the sender's report.
+    fn failures(&self) -> (u64, Option<&str>) {
+        (0, None)
+    }
+}
+
+/// A store's failed reads: how many, and the last one ([`SourceStore::failures`]).
+#[derive(Debug, Default)]
+pub struct FetchFailures {
+    count: u64,
+    last: Option<String>,
+}
+
+impl FetchFailures {
+    /// Counts `error` and keeps its message.
+    pub fn record(&mut self, error: impl std::fmt::Display) {
+        self.count += 1;
+        self.last = Some(error.to_string());
+    }
+
+    /// How many so far, and the last message.
+    pub fn get(&self) -> (u64, Option<&str>) {
+        (self.count, self.last.as_deref())
+    }
 }
 
 /// Current documents in memory: the store of the JSON-lines mode, where each side keeps the
