@@ -1,11 +1,12 @@
 from os import PathLike
 from types import TracebackType
-from typing import Dict, Literal, Optional, Tuple, Type, Union, final
+from typing import Any, ClassVar, Dict, Literal, Optional, Sequence, Tuple, Type, Union, final
 
 __version__: str
 __all__ = [
     "DedupError",
     "Environment",
+    "Key",
     "Listener",
     "Stream",
     "__version__",
@@ -15,9 +16,29 @@ __all__ = [
 
 _Address = Union[str, Tuple[str, int]]
 _Mode = Literal["adaptive", "dedup", "plain"]
+_Path = Union[str, "PathLike[str]"]
 
 class DedupError(Exception):
     """An error of the dedup channel or its chunk store; the message is the Rust error's."""
+
+@final
+class Key:
+    """The key both ends of a channel share (32 bytes); its ``repr`` shows only its public id."""
+
+    @staticmethod
+    def generate() -> "Key": ...
+    @staticmethod
+    def load(path: _Path) -> "Key": ...
+    @staticmethod
+    def from_text(text: str) -> "Key": ...
+    def save(self, path: _Path) -> None: ...
+    def hex(self) -> str: ...
+    @property
+    def id(self) -> str: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+
+_KeyArg = Union[Key, str]
 
 @final
 class Environment:
@@ -25,7 +46,7 @@ class Environment:
 
     def __new__(
         cls,
-        path: Union[str, "PathLike[str]"],
+        path: _Path,
         max_bytes: Optional[int] = None,
         segment_bytes: Optional[int] = None,
     ) -> "Environment": ...
@@ -43,6 +64,10 @@ class Stream:
     def close(self) -> None: ...
     @property
     def closed(self) -> bool: ...
+    @property
+    def config(self) -> Dict[str, Any]: ...
+    @property
+    def encrypted(self) -> bool: ...
     @property
     def peer_address(self) -> Optional[Tuple[str, int]]: ...
     def stats(self) -> Dict[str, Union[int, float]]: ...
@@ -62,6 +87,8 @@ class Listener:
     def address(self) -> Tuple[str, int]: ...
     @property
     def closed(self) -> bool: ...
+    @property
+    def encrypted(self) -> bool: ...
     def accept(self) -> Stream: ...
     def close(self) -> None: ...
     def __enter__(self) -> "Listener": ...
@@ -72,7 +99,20 @@ class Listener:
         tb: Optional[TracebackType],
     ) -> None: ...
 
-def listen(addr: _Address, env: Optional[Environment] = None) -> Listener: ...
+def listen(
+    addr: _Address,
+    *,
+    key: Optional[_KeyArg] = None,
+    insecure_plaintext: bool = False,
+    env: Optional[Environment] = None,
+) -> Listener: ...
 def connect(
-    addr: _Address, env: Optional[Environment] = None, mode: _Mode = "adaptive"
+    addr: _Address,
+    *,
+    key: Optional[_KeyArg] = None,
+    insecure_plaintext: bool = False,
+    env: Optional[Environment] = None,
+    mode: _Mode = "adaptive",
+    levels: Optional[Sequence[int]] = None,
+    segment_size: Optional[int] = None,
 ) -> Stream: ...

@@ -1,21 +1,24 @@
 //! `dedupwire._dedupwire`: the native half of the `dedupwire` Python package.
 //!
-//! It wraps the dedup channel ([`DedupStream`], [`DedupListener`]) and the persistent chunk
-//! store ([`Environment`]) of `dedupwire-wire`. Every blocking call (connect, accept, send,
+//! It wraps the dedup channel ([`DedupStream`], [`DedupListener`]), its shared [`Key`] and
+//! the persistent chunk store ([`Environment`]) of `dedupwire-wire`. Channels are encrypted
+//! with a key unless the caller says `insecure_plaintext=True`; with neither, `connect` and
+//! `listen` refuse and say how to make a key. Every blocking call (connect, accept, send,
 //! recv, close) releases the GIL, so a listener thread and a client can share one process.
 //! Each stream sits behind a mutex taken with the GIL released: calls on one stream from
 //! several threads queue up instead of deadlocking against the GIL. Every error of the
 //! channel is raised as `dedupwire.DedupError` carrying the Rust message.
 #![deny(missing_docs)]
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use dedupwire_engine::chunk::ChunkerSpec;
 use dedupwire_wire::{
     ChannelConfig, ChannelStats, ChunkStore, DedupListener, DedupStream, EnvConfig, Environment,
-    MemoryStore, Mode,
+    Key, MemoryStore, Mode, Security, Transport,
 };
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
@@ -63,10 +66,158 @@ fn parse_mode(mode: &str) -> PyResult<Mode> {
     }
 }
 
+fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Adaptive => "adaptive",
+        Mode::Dedup => "dedup",
+        Mode::Plain => "plain",
+    }
+}
+
+/// The configuration a connecting end proposes: the defaults, with what the caller set.
+fn channel_config(
+    mode: &str,
+    levels: Option<Vec<usize>>,
+    segment_size: Option<usize>,
+) -> PyResult<ChannelConfig> {
+    let bad = |e: dedupwire_wire::Error| PyValueError::new_err(e.to_string());
+    let mut config = match levels {
+        Some(sizes) => {
+            let specs: Vec<ChunkerSpec> = sizes.into_iter().map(ChunkerSpec::cdc).collect();
+            ChannelConfig::with_levels(&specs).map_err(bad)?
+        }
+        None => ChannelConfig::default(),
+    };
+    config.mode = parse_mode(mode)?;
+    if let Some(size) = segment_size {
+        config.segment_size = size;
+    }
+    config.validate().map_err(bad)?;
+    Ok(config)
+}
+
+/// A level as Python shows it: a CDC level's average chunk size, else its name and parameters.
+fn level_value(py: Python<'_>, c: &dyn dedupwire_wire::Chunker) -> PyResult<PyObject> {
+    let p = c.params();
+    if c.name() == "cdc" && p.len() == 12 {
+        let avg = u32::from_le_bytes([p[4], p[5], p[6], p[7]]);
+        return Ok(avg.into_pyobject(py)?.into_any().unbind());
+    }
+    let hex: String = p.iter().map(|b| format!("{b:02x}")).collect();
+    let text = if hex.is_empty() {
+        c.name().to_string()
+    } else {
+        format!("{}:{hex}", c.name())
+    };
+    Ok(text.into_pyobject(py)?.into_any().unbind())
+}
+
+fn config_dict<'py>(py: Python<'py>, c: &ChannelConfig) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("mode", mode_name(c.mode))?;
+    let levels = c
+        .levels
+        .iter()
+        .map(|l| level_value(py, l.as_ref()))
+        .collect::<PyResult<Vec<_>>>()?;
+    d.set_item("levels", levels)?;
+    d.set_item("segment_size", c.segment_size)?;
+    d.set_item("window", c.window)?;
+    d.set_item("identifier", c.identifier.name())?;
+    d.set_item("compression", c.compression.to_string())?;
+    d.set_item("delta", c.delta)?;
+    Ok(d)
+}
+
+/// A key as Python gives it: a `Key`, or its text (64 hex digits or a passphrase).
+#[derive(FromPyObject)]
+enum KeyArg {
+    /// A `dedupwire.Key`.
+    Key(PyKey),
+    /// 64 hexadecimal digits or a passphrase of 16+ characters.
+    Text(String),
+}
+
+/// The security `key` and `insecure_plaintext` ask for; `end` names the call in errors.
+fn security(key: Option<KeyArg>, insecure_plaintext: bool, end: &str) -> PyResult<Security> {
+    match (key, insecure_plaintext) {
+        (Some(_), true) => Err(DedupError::new_err(format!(
+            "{end}: give either key= or insecure_plaintext=True, not both"
+        ))),
+        (Some(KeyArg::Key(k)), false) => Ok(Security::Key(k.inner)),
+        (Some(KeyArg::Text(text)), false) => Key::from_text(&text, "key=")
+            .map(Security::Key)
+            .map_err(dedup_err),
+        (None, true) => Ok(Security::InsecurePlaintext),
+        (None, false) => Err(DedupError::new_err(format!(
+            "{end}: no key. Channels are encrypted with a key both ends share: make one with \
+             dedupwire.Key.generate() (save it with key.save(path), copy the file to the other \
+             end, read it there with dedupwire.Key.load(path)) and pass key=... to both \
+             connect and listen; a passphrase of 16+ characters as key=\"...\" works too. \
+             insecure_plaintext=True on both ends sends everything unencrypted instead"
+        ))),
+    }
+}
+
 fn store_of(env: Option<&PyEnvironment>) -> Arc<dyn ChunkStore> {
     match env {
         Some(e) => e.inner.clone(),
         None => Arc::new(MemoryStore::new()),
+    }
+}
+
+/// The key both ends of a channel share (32 bytes); its `repr` shows only its public id.
+#[pyclass(name = "Key", module = "dedupwire", frozen, eq)]
+#[derive(Clone, PartialEq)]
+struct PyKey {
+    inner: Key,
+}
+
+#[pymethods]
+impl PyKey {
+    /// A fresh random key.
+    #[staticmethod]
+    fn generate() -> PyResult<PyKey> {
+        Key::generate()
+            .map(|inner| PyKey { inner })
+            .map_err(dedup_err)
+    }
+
+    /// The key in a key file: 64 hexadecimal digits (`key.save`, `dedupwire key generate`)
+    /// or a passphrase of 16+ characters.
+    #[staticmethod]
+    fn load(path: PathBuf) -> PyResult<PyKey> {
+        Key::load(&path)
+            .map(|inner| PyKey { inner })
+            .map_err(dedup_err)
+    }
+
+    /// The key written as text: 64 hexadecimal digits, or a passphrase of 16+ characters.
+    #[staticmethod]
+    fn from_text(text: &str) -> PyResult<PyKey> {
+        Key::from_text(text, "the key text")
+            .map(|inner| PyKey { inner })
+            .map_err(dedup_err)
+    }
+
+    /// Writes the key to a new file (readable by its owner only); an existing file is kept.
+    fn save(&self, path: PathBuf) -> PyResult<()> {
+        self.inner.save(&path).map_err(dedup_err)
+    }
+
+    /// The key as 64 hexadecimal digits (a secret: whoever has it can join the channel).
+    fn hex(&self) -> String {
+        self.inner.to_hex()
+    }
+
+    /// A short public name of the key, equal on both ends when they hold the same key.
+    #[getter]
+    fn id(&self) -> String {
+        self.inner.id()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<dedupwire.Key id {}>", self.inner.id())
     }
 }
 
@@ -146,7 +297,9 @@ impl PyEnvironment {
 /// A deduplicating message channel: `send` a message, `recv` one.
 #[pyclass(name = "Stream", module = "dedupwire", frozen)]
 struct PyStream {
-    inner: Mutex<Option<DedupStream<TcpStream>>>,
+    inner: Mutex<Option<DedupStream<Transport>>>,
+    config: ChannelConfig,
+    encrypted: bool,
     peer: Option<SocketAddr>,
     peer_gone: AtomicBool,
     closed: AtomicBool,
@@ -154,8 +307,10 @@ struct PyStream {
 }
 
 impl PyStream {
-    fn wrap(s: DedupStream<TcpStream>) -> PyStream {
+    fn wrap(s: DedupStream<Transport>) -> PyStream {
         PyStream {
+            config: s.config().clone(),
+            encrypted: s.get_ref().is_encrypted(),
             peer: s.get_ref().peer_addr().ok(),
             inner: Mutex::new(Some(s)),
             peer_gone: AtomicBool::new(false),
@@ -164,14 +319,14 @@ impl PyStream {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Option<DedupStream<TcpStream>>> {
+    fn lock(&self) -> MutexGuard<'_, Option<DedupStream<Transport>>> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn with_open<T>(
         &self,
         py: Python<'_>,
-        f: impl FnOnce(&mut DedupStream<TcpStream>) -> dedupwire_wire::Result<T> + Send,
+        f: impl FnOnce(&mut DedupStream<Transport>) -> dedupwire_wire::Result<T> + Send,
     ) -> PyResult<T>
     where
         T: Send,
@@ -225,6 +380,21 @@ impl PyStream {
         self.closed.load(Ordering::Relaxed)
     }
 
+    /// The settings both ends agreed on (the connecting end's proposal), as a dict: `mode`,
+    /// `levels` (average chunk size of each CDC level, coarsest first), `segment_size`,
+    /// `window`, `identifier`, `compression`, `delta`.
+    #[getter]
+    fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        config_dict(py, &self.config)
+    }
+
+    /// Whether the channel is encrypted and authenticated (false only with
+    /// `insecure_plaintext=True`).
+    #[getter]
+    fn encrypted(&self) -> bool {
+        self.encrypted
+    }
+
     /// The peer's `(host, port)`.
     #[getter]
     fn peer_address(&self) -> Option<(String, u16)> {
@@ -257,9 +427,14 @@ impl PyStream {
 
     fn __repr__(&self) -> String {
         let state = if self.closed() { "closed" } else { "open" };
+        let how = if self.encrypted {
+            "encrypted"
+        } else {
+            "INSECURE PLAINTEXT"
+        };
         match self.peer {
-            Some(a) => format!("<dedupwire.Stream to {a} ({state})>"),
-            None => format!("<dedupwire.Stream ({state})>"),
+            Some(a) => format!("<dedupwire.Stream to {a} ({how}, {state})>"),
+            None => format!("<dedupwire.Stream ({how}, {state})>"),
         }
     }
 }
@@ -306,6 +481,7 @@ fn stats_dict<'py>(py: Python<'py>, s: &ChannelStats) -> PyResult<Bound<'py, PyD
 struct PyListener {
     inner: Mutex<Option<Arc<DedupListener>>>,
     address: SocketAddr,
+    encrypted: bool,
 }
 
 impl PyListener {
@@ -326,7 +502,15 @@ impl PyListener {
         (self.address.ip().to_string(), self.address.port())
     }
 
-    /// Waits for the next connection and returns it after the handshake.
+    /// Whether accepted channels are encrypted (false only with `insecure_plaintext=True`).
+    #[getter]
+    fn encrypted(&self) -> bool {
+        self.encrypted
+    }
+
+    /// Waits for the next connection and returns it after the handshakes; a peer refused by
+    /// them (another key, plaintext against encrypted) is a `DedupError` here, and the
+    /// listener goes on accepting.
     fn accept(&self, py: Python<'_>) -> PyResult<PyStream> {
         let l = self.get()?;
         let s = py.allow_threads(|| l.accept()).map_err(dedup_err)?;
@@ -357,49 +541,70 @@ impl PyListener {
     }
 
     fn __repr__(&self) -> String {
-        format!("<dedupwire.Listener on {}>", self.address)
+        let how = if self.encrypted {
+            "encrypted"
+        } else {
+            "INSECURE PLAINTEXT"
+        };
+        format!("<dedupwire.Listener on {} ({how})>", self.address)
     }
 }
 
-/// Listens on `addr`; accepted streams keep their chunks in `env`, or in one in-memory store
-/// shared by this listener's streams when `env` is `None`.
+/// Listens on `addr` for channels encrypted with `key` (a `Key`, or 64 hex digits or a
+/// passphrase of 16+ characters), or plaintext if `insecure_plaintext`; accepted streams keep
+/// their chunks in `env`, or in one in-memory store shared by this listener's streams when
+/// `env` is `None`. The settings of each channel are its connecting end's.
 #[pyfunction]
-#[pyo3(signature = (addr, env = None))]
+#[pyo3(signature = (addr, *, key = None, insecure_plaintext = false, env = None))]
 fn listen(
     py: Python<'_>,
     addr: Address,
+    key: Option<KeyArg>,
+    insecure_plaintext: bool,
     env: Option<PyRef<'_, PyEnvironment>>,
 ) -> PyResult<PyListener> {
+    let security = security(key, insecure_plaintext, "listen")?;
+    let encrypted = security.is_encrypted();
     let store = store_of(env.as_deref());
     let addr = addr.resolve();
     let l = py
-        .allow_threads(|| DedupListener::bind(addr, store, ChannelConfig::default()))
+        .allow_threads(|| DedupListener::bind(addr, security, store, ChannelConfig::default()))
         .map_err(dedup_err)?;
     let address = l.local_addr().map_err(dedup_err)?;
     Ok(PyListener {
         inner: Mutex::new(Some(Arc::new(l))),
         address,
+        encrypted,
     })
 }
 
-/// Connects to a listener at `addr`, proposing `mode`; chunks are kept in `env`, or in an
-/// in-memory store of this stream's own when `env` is `None`.
+/// Connects to a listener at `addr`, encrypted with `key` (as for `listen`) or plaintext if
+/// `insecure_plaintext`, proposing `mode`, `levels` (average chunk sizes of the CDC levels,
+/// coarsest first) and `segment_size` (the defaults when `None`), which the listener adopts;
+/// chunks are kept in `env`, or in an in-memory store of this stream's own when `env` is
+/// `None`.
 #[pyfunction]
-#[pyo3(signature = (addr, env = None, mode = "adaptive"))]
+#[pyo3(signature = (
+    addr, *, key = None, insecure_plaintext = false, env = None, mode = "adaptive",
+    levels = None, segment_size = None
+))]
+#[allow(clippy::too_many_arguments, reason = "Python keyword arguments")]
 fn connect(
     py: Python<'_>,
     addr: Address,
+    key: Option<KeyArg>,
+    insecure_plaintext: bool,
     env: Option<PyRef<'_, PyEnvironment>>,
     mode: &str,
+    levels: Option<Vec<usize>>,
+    segment_size: Option<usize>,
 ) -> PyResult<PyStream> {
+    let config = channel_config(mode, levels, segment_size)?;
+    let security = security(key, insecure_plaintext, "connect")?;
     let store = store_of(env.as_deref());
-    let config = ChannelConfig {
-        mode: parse_mode(mode)?,
-        ..ChannelConfig::default()
-    };
     let addr = addr.resolve();
     let s = py
-        .allow_threads(|| DedupStream::connect(addr, store, config))
+        .allow_threads(|| DedupStream::connect(addr, security, store, config))
         .map_err(dedup_err)?;
     Ok(PyStream::wrap(s))
 }
@@ -408,6 +613,7 @@ fn connect(
 #[pymodule]
 fn _dedupwire(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DedupError", m.py().get_type::<DedupError>())?;
+    m.add_class::<PyKey>()?;
     m.add_class::<PyEnvironment>()?;
     m.add_class::<PyStream>()?;
     m.add_class::<PyListener>()?;

@@ -7,6 +7,8 @@ import pytest
 import dedupwire
 from dedupwire import DedupError
 
+KEY = dedupwire.Key.from_text("the python tests' shared passphrase")
+
 
 def serve(listener, handler):
     """Accepts one stream on a thread and runs ``handler`` on it; join() re-raises."""
@@ -48,9 +50,9 @@ def payload(size, seed):
 
 
 def test_round_trip_over_loopback():
-    with dedupwire.listen("127.0.0.1:0") as listener:
+    with dedupwire.listen("127.0.0.1:0", key=KEY) as listener:
         join = serve(listener, echo_until_closed)
-        with dedupwire.connect(listener.address) as s:
+        with dedupwire.connect(listener.address, key=KEY) as s:
             for msg in [b"hello, channel", b"", payload(300_000, 1)]:
                 s.send(msg)
                 assert s.recv() == msg
@@ -61,11 +63,11 @@ def test_round_trip_over_loopback():
 
 
 def test_address_as_text_and_tuple():
-    with dedupwire.listen(("127.0.0.1", 0)) as listener:
+    with dedupwire.listen(("127.0.0.1", 0), key=KEY) as listener:
         host, port = listener.address
         assert host == "127.0.0.1" and port > 0
         join = serve(listener, lambda s: s.recv())
-        with dedupwire.connect(f"{host}:{port}") as s:
+        with dedupwire.connect(f"{host}:{port}", key=KEY) as s:
             assert s.peer_address == (host, port)
             s.send(b"x")
         assert join() == b"x"
@@ -77,9 +79,9 @@ def test_second_similar_send_moves_fewer_socket_bytes():
     second[1_000_000:1_000_100] = b"\xff" * 100
     second = bytes(second)
 
-    with dedupwire.listen("127.0.0.1:0") as listener:
+    with dedupwire.listen("127.0.0.1:0", key=KEY) as listener:
         join = serve(listener, lambda s: [s.recv(), s.recv()])
-        with dedupwire.connect(listener.address, mode="dedup") as s:
+        with dedupwire.connect(listener.address, key=KEY, mode="dedup") as s:
             s.send(first)
             after_first = s.stats()["socket_bytes_sent"]
             s.send(second)
@@ -98,10 +100,10 @@ def test_environment_keeps_chunks_across_connections(tmp_path):
     env = dedupwire.Environment(tmp_path / "env", max_bytes=64 << 20, segment_bytes=4 << 20)
     assert str(env.path).endswith("env")
     costs = []
-    with dedupwire.listen("127.0.0.1:0", env=env) as listener:
+    with dedupwire.listen("127.0.0.1:0", key=KEY, env=env) as listener:
         for _ in range(2):
             join = serve(listener, lambda s: s.recv())
-            with dedupwire.connect(listener.address, mode="dedup") as s:
+            with dedupwire.connect(listener.address, key=KEY, mode="dedup") as s:
                 s.send(data)
                 costs.append(s.stats()["socket_bytes_sent"])
             assert join() == data
@@ -111,9 +113,9 @@ def test_environment_keeps_chunks_across_connections(tmp_path):
 
 
 def test_context_managers_close():
-    with dedupwire.listen("127.0.0.1:0") as listener:
+    with dedupwire.listen("127.0.0.1:0", key=KEY) as listener:
         join = serve(listener, echo_until_closed)
-        with dedupwire.connect(listener.address) as s:
+        with dedupwire.connect(listener.address, key=KEY) as s:
             s.send(b"ping")
             assert s.recv() == b"ping"
             assert not s.closed
@@ -133,13 +135,13 @@ def test_connect_to_a_closed_port_is_a_dedup_error():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with pytest.raises(DedupError):
-        dedupwire.connect(("127.0.0.1", port))
+        dedupwire.connect(("127.0.0.1", port), key=KEY)
 
 
 def test_recv_after_the_peer_closed_is_a_dedup_error():
-    with dedupwire.listen("127.0.0.1:0") as listener:
+    with dedupwire.listen("127.0.0.1:0", key=KEY) as listener:
         join = serve(listener, lambda s: None)
-        with dedupwire.connect(listener.address) as s:
+        with dedupwire.connect(listener.address, key=KEY) as s:
             join()
             with pytest.raises(DedupError, match="(?i)closed"):
                 s.recv()
@@ -148,7 +150,7 @@ def test_recv_after_the_peer_closed_is_a_dedup_error():
 def test_dedup_error_is_an_exception_with_the_rust_message():
     assert issubclass(DedupError, Exception)
     with pytest.raises(DedupError) as e:
-        dedupwire.listen("256.0.0.1:0")
+        dedupwire.listen("256.0.0.1:0", key=KEY)
     assert str(e.value)
 
 
@@ -158,9 +160,9 @@ def test_unknown_mode_is_a_value_error():
 
 
 def test_send_takes_bytes_only():
-    with dedupwire.listen("127.0.0.1:0") as listener:
+    with dedupwire.listen("127.0.0.1:0", key=KEY) as listener:
         join = serve(listener, echo_until_closed)
-        with dedupwire.connect(listener.address) as s:
+        with dedupwire.connect(listener.address, key=KEY) as s:
             with pytest.raises(TypeError):
                 s.send("text")  # type: ignore[arg-type]
             s.send(b"ok")
@@ -175,9 +177,9 @@ def test_other_threads_run_while_a_stream_waits_in_recv():
         go.wait(30)
         s.send(b"late")
 
-    with dedupwire.listen("127.0.0.1:0") as listener:
+    with dedupwire.listen("127.0.0.1:0", key=KEY) as listener:
         join = serve(listener, reply_when_told)
-        with dedupwire.connect(listener.address) as s:
+        with dedupwire.connect(listener.address, key=KEY) as s:
             got = []
             waiter = threading.Thread(target=lambda: got.append(s.recv()), daemon=True)
             waiter.start()

@@ -14,8 +14,9 @@
  * used from different threads.
  *
  * Channels use the default channel configuration (the mode excepted: see dw_connect_mode),
- * over plaintext TCP (dw_listen, dw_connect) or encrypted and authenticated with a shared
- * key (dw_listen_key, dw_connect_key; both ends must use the same key).
+ * encrypted and authenticated with a key both ends share (dw_listen, dw_connect,
+ * dw_connect_mode). Plaintext TCP, unencrypted and unauthenticated, takes the explicitly
+ * named dw_listen_plaintext and dw_connect_plaintext on both ends.
  */
 
 #ifndef DEDUPWIRE_H
@@ -143,45 +144,51 @@ int dw_env_open(const char *dir, uint64_t max_bytes, struct dw_env **out);
 // Frees an environment handle (null is ignored).
 void dw_env_free(struct dw_env *env);
 
-// Listens on `addr` ("host:port"; port 0 picks a free one); accepted streams keep their
-// chunks in `env`. On success `*out` owns a handle to free with `dw_listener_free`.
-int dw_listen(const char *addr, struct dw_env *env, struct dw_listener **out);
+// Listens on `addr` ("host:port"; port 0 picks a free one) for encrypted, authenticated
+// channels: peers must connect with `dw_connect` (or `dw_connect_mode`) and the same key
+// `key_text` (64 hexadecimal digits, or a passphrase of at least 16 characters; the caller
+// keeps the string). A null key is `DW_ERR_NULL`, an unusable one `DW_ERR_KEY`. Accepted
+// streams keep their chunks in `env`. On success `*out` owns a handle to free with
+// `dw_listener_free`.
+int dw_listen(const char *addr, struct dw_env *env, const char *key_text, struct dw_listener **out);
 
-// `dw_listen` for encrypted, authenticated channels: accepted peers must connect with
-// `dw_connect_key` and the same key `key_text` (64 hexadecimal digits, or a passphrase of at least 16
-// characters; the caller keeps the string).
-int dw_listen_key(const char *addr,
-                  struct dw_env *env,
-                  const char *key_text,
-                  struct dw_listener **out);
+// `dw_listen` for INSECURE plaintext channels: everything in the clear and unauthenticated,
+// for trusted networks only; peers must connect with `dw_connect_plaintext`.
+int dw_listen_plaintext(const char *addr, struct dw_env *env, struct dw_listener **out);
 
 // Writes the address the listener is bound to ("ip:port", NUL-terminated) into `buf` of
 // `len` bytes; `DW_ERR_BUFFER` if it does not fit.
 int dw_listener_local_addr(struct dw_listener *listener, char *buf, size_t len);
 
-// Waits for the next connection and does the handshake. On success `*out` owns a stream to
-// end with `dw_close`.
+// Waits for the next connection and does the handshakes (secure, then channel). On success
+// `*out` owns a stream to end with `dw_close`. A peer with another key is `DW_ERR_AUTH`, a
+// plaintext peer of a keyed listener (or the reverse) `DW_ERR_PROTOCOL`; the listener goes
+// on accepting.
 int dw_accept(struct dw_listener *listener, struct dw_stream **out);
 
 // Frees a listener handle and closes its socket (null is ignored).
 void dw_listener_free(struct dw_listener *listener);
 
-// Connects to a listener at `addr` ("host:port") and does the handshake, in the adaptive
-// mode; received chunks are kept in `env`. On success `*out` owns a stream to end with
-// `dw_close`.
-int dw_connect(const char *addr, struct dw_env *env, struct dw_stream **out);
+// Connects to a `dw_listen` listener at `addr` ("host:port") holding the same key
+// `key_text` (64 hexadecimal digits, or a passphrase of at least 16 characters; the caller
+// keeps the string) and does the handshakes, in the adaptive mode; received chunks are kept
+// in `env`. A null key is `DW_ERR_NULL`, an unusable one `DW_ERR_KEY`, a listener with
+// another key `DW_ERR_AUTH`. On success `*out` owns a stream to end with `dw_close`.
+int dw_connect(const char *addr, struct dw_env *env, const char *key_text, struct dw_stream **out);
 
 // `dw_connect` with a `DW_MODE_*` mode, which the listening end adopts for both directions.
-int dw_connect_mode(const char *addr, struct dw_env *env, int mode_code, struct dw_stream **out);
+int dw_connect_mode(const char *addr,
+                    struct dw_env *env,
+                    const char *key_text,
+                    int mode_code,
+                    struct dw_stream **out);
 
-// `dw_connect_mode` over an encrypted, authenticated connection to a `dw_listen_key`
-// listener holding the same key `key_text` (64 hexadecimal digits, or a passphrase of at least 16
-// characters; the caller keeps the string). A peer with another key is `DW_ERR_AUTH`.
-int dw_connect_key(const char *addr,
-                   struct dw_env *env,
-                   const char *key_text,
-                   int mode_code,
-                   struct dw_stream **out);
+// `dw_connect_mode` for an INSECURE plaintext channel to a `dw_listen_plaintext` listener:
+// everything in the clear and unauthenticated, for trusted networks only.
+int dw_connect_plaintext(const char *addr,
+                         struct dw_env *env,
+                         int mode_code,
+                         struct dw_stream **out);
 
 // Sends the `len` bytes at `data` as one message (`data` may be null when `len` is 0);
 // returns once the peer has rebuilt and verified it. The caller keeps ownership of `data`.

@@ -6,11 +6,11 @@
 //! boundary: a panic inside becomes `DW_ERR_PANIC`. Null pointers and addresses that are not
 //! UTF-8 are refused with a status, never dereferenced.
 //!
-//! Connections are plaintext TCP with the default channel configuration
 //! Channels use the default configuration (`ChannelConfig::default()`), the mode excepted,
-//! which the connecting end may choose (`dw_connect_mode`). They run over plaintext TCP, or
-//! encrypted and authenticated with a shared key (`dw_listen_key`, `dw_connect_key`: Noise
-//! over TCP, as `SecureStream`).
+//! which the connecting end may choose (`dw_connect_mode`). They are encrypted and
+//! authenticated with a key both ends share (`dw_listen`, `dw_connect`: Noise over TCP, as
+//! `Security::Key`); plaintext TCP takes the explicitly named `dw_listen_plaintext` and
+//! `dw_connect_plaintext` on both ends.
 //!
 //! The header is written by `build.rs` with cbindgen into the build directory; the committed
 //! copy is checked against it by a test, and refreshed with
@@ -25,13 +25,13 @@
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, CStr, CString};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use dedupwire_wire::{
-    ChannelConfig, ChannelStats, DedupListener, DedupStream, EnvConfig, Environment, Key, Mode,
-    Role, SecureStream,
+    ChannelConfig, DedupListener, DedupStream, EnvConfig, Environment, Key, Mode, Security,
+    Transport,
 };
 
 /// The call succeeded.
@@ -77,87 +77,12 @@ pub struct dw_env {
 
 /// A TCP listener accepting dedup channels.
 pub struct dw_listener {
-    listener: Listener,
-}
-
-enum Listener {
-    Plain(DedupListener),
-    Secure {
-        listener: TcpListener,
-        key: Key,
-        store: Arc<Environment>,
-    },
-}
-
-impl Listener {
-    fn local_addr(&self) -> Result<SocketAddr, Failure> {
-        match self {
-            Listener::Plain(l) => Ok(l.local_addr()?),
-            Listener::Secure { listener, .. } => Ok(listener.local_addr().map_err(io)?),
-        }
-    }
-
-    fn accept(&self) -> Result<Channel, Failure> {
-        match self {
-            Listener::Plain(l) => Ok(Channel::Plain(l.accept()?)),
-            Listener::Secure {
-                listener,
-                key,
-                store,
-            } => {
-                let (tcp, _) = listener.accept().map_err(io)?;
-                tcp.set_nodelay(true).map_err(io)?;
-                let secure = SecureStream::server(tcp, key)?;
-                let config = ChannelConfig::default();
-                let stream = DedupStream::new(secure, store.clone(), config, Role::Accept)?;
-                Ok(Channel::Secure(stream))
-            }
-        }
-    }
+    listener: DedupListener,
 }
 
 /// One dedup channel: a connection that sends messages and receives them.
 pub struct dw_stream {
-    stream: Channel,
-}
-
-#[allow(
-    clippy::large_enum_variant,
-    reason = "a channel lives boxed in its dw_stream"
-)]
-enum Channel {
-    Plain(DedupStream<TcpStream>),
-    Secure(DedupStream<SecureStream<TcpStream>>),
-}
-
-impl Channel {
-    fn send(&mut self, msg: &[u8]) -> Result<(), Failure> {
-        match self {
-            Channel::Plain(s) => Ok(s.send(msg)?),
-            Channel::Secure(s) => Ok(s.send(msg)?),
-        }
-    }
-
-    fn recv(&mut self) -> Result<Vec<u8>, Failure> {
-        match self {
-            Channel::Plain(s) => Ok(s.recv()?),
-            Channel::Secure(s) => Ok(s.recv()?),
-        }
-    }
-
-    fn stats(&self) -> ChannelStats {
-        match self {
-            Channel::Plain(s) => s.stats(),
-            Channel::Secure(s) => s.stats(),
-        }
-    }
-
-    fn close(self) -> Result<(), Failure> {
-        match self {
-            Channel::Plain(s) => Ok(s.close()?),
-            Channel::Secure(s) => Ok(s.close()?),
-        }
-    }
+    stream: DedupStream<Transport>,
 }
 
 /// What a stream has moved so far, both directions.
@@ -198,8 +123,8 @@ pub struct dw_stats {
     pub round_trips: u64,
 }
 
-impl From<&ChannelStats> for dw_stats {
-    fn from(s: &ChannelStats) -> dw_stats {
+impl From<&dedupwire_wire::ChannelStats> for dw_stats {
+    fn from(s: &dedupwire_wire::ChannelStats) -> dw_stats {
         dw_stats {
             messages_sent: s.messages_sent,
             messages_received: s.messages_received,
@@ -251,13 +176,22 @@ impl From<dedupwire_wire::Error> for Failure {
     }
 }
 
-fn io(e: std::io::Error) -> Failure {
-    dedupwire_wire::Error::Io(e).into()
-}
-
-fn key(text: *const c_char) -> Result<Key, Failure> {
+/// The security of a keyed call: the key in `text`, which must be there.
+fn keyed(text: *const c_char, plaintext: &str) -> Result<Security, Failure> {
+    if text.is_null() {
+        return Err(Failure::new(
+            DW_ERR_NULL,
+            format!(
+                "key is null: give both ends the same key (64 hexadecimal digits or a \
+                 passphrase of 16+ characters), or use {plaintext} on both ends for an \
+                 unencrypted channel"
+            ),
+        ));
+    }
     let text = string(text, "key")?;
-    Key::from_text(text, "the key").map_err(|e| Failure::new(DW_ERR_KEY, e.to_string()))
+    let key =
+        Key::from_text(text, "the key").map_err(|e| Failure::new(DW_ERR_KEY, e.to_string()))?;
+    Ok(Security::Key(key))
 }
 
 fn mode(mode: c_int) -> Result<Mode, Failure> {
@@ -367,57 +301,53 @@ pub extern "C" fn dw_env_free(env: *mut dw_env) {
     });
 }
 
-/// Listens on `addr` ("host:port"; port 0 picks a free one); accepted streams keep their
-/// chunks in `env`. On success `*out` owns a handle to free with `dw_listener_free`.
+/// Listens on `addr` ("host:port"; port 0 picks a free one) for encrypted, authenticated
+/// channels: peers must connect with `dw_connect` (or `dw_connect_mode`) and the same key
+/// `key_text` (64 hexadecimal digits, or a passphrase of at least 16 characters; the caller
+/// keeps the string). A null key is `DW_ERR_NULL`, an unusable one `DW_ERR_KEY`. Accepted
+/// streams keep their chunks in `env`. On success `*out` owns a handle to free with
+/// `dw_listener_free`.
 #[no_mangle]
 pub extern "C" fn dw_listen(
-    addr: *const c_char,
-    env: *mut dw_env,
-    out: *mut *mut dw_listener,
-) -> c_int {
-    guard(|| {
-        let addr = string(addr, "addr")?;
-        let env = non_null(env, "env")?;
-        non_null(out, "out")?;
-        let addrs = resolve(addr)?;
-        let listener = DedupListener::bind(&addrs[..], env.env.clone(), ChannelConfig::default())?;
-        give(
-            out,
-            dw_listener {
-                listener: Listener::Plain(listener),
-            },
-        )
-    })
-}
-
-/// `dw_listen` for encrypted, authenticated channels: accepted peers must connect with
-/// `dw_connect_key` and the same key `key_text` (64 hexadecimal digits, or a passphrase of at least 16
-/// characters; the caller keeps the string).
-#[no_mangle]
-pub extern "C" fn dw_listen_key(
     addr: *const c_char,
     env: *mut dw_env,
     key_text: *const c_char,
     out: *mut *mut dw_listener,
 ) -> c_int {
     guard(|| {
-        let addr = string(addr, "addr")?;
-        let env = non_null(env, "env")?;
-        let key = key(key_text)?;
-        non_null(out, "out")?;
-        let addrs = resolve(addr)?;
-        let listener = TcpListener::bind(&addrs[..]).map_err(io)?;
-        give(
-            out,
-            dw_listener {
-                listener: Listener::Secure {
-                    listener,
-                    key,
-                    store: env.env.clone(),
-                },
-            },
-        )
+        let security = keyed(key_text, "dw_listen_plaintext")?;
+        listen(addr, env, security, out)
     })
+}
+
+/// `dw_listen` for INSECURE plaintext channels: everything in the clear and unauthenticated,
+/// for trusted networks only; peers must connect with `dw_connect_plaintext`.
+#[no_mangle]
+pub extern "C" fn dw_listen_plaintext(
+    addr: *const c_char,
+    env: *mut dw_env,
+    out: *mut *mut dw_listener,
+) -> c_int {
+    guard(|| listen(addr, env, Security::InsecurePlaintext, out))
+}
+
+fn listen(
+    addr: *const c_char,
+    env: *mut dw_env,
+    security: Security,
+    out: *mut *mut dw_listener,
+) -> Result<(), Failure> {
+    let addr = string(addr, "addr")?;
+    let env = non_null(env, "env")?;
+    non_null(out, "out")?;
+    let addrs = resolve(addr)?;
+    let listener = DedupListener::bind(
+        &addrs[..],
+        security,
+        env.env.clone(),
+        ChannelConfig::default(),
+    )?;
+    give(out, dw_listener { listener })
 }
 
 /// Writes the address the listener is bound to ("ip:port", NUL-terminated) into `buf` of
@@ -453,8 +383,10 @@ pub extern "C" fn dw_listener_local_addr(
     })
 }
 
-/// Waits for the next connection and does the handshake. On success `*out` owns a stream to
-/// end with `dw_close`.
+/// Waits for the next connection and does the handshakes (secure, then channel). On success
+/// `*out` owns a stream to end with `dw_close`. A peer with another key is `DW_ERR_AUTH`, a
+/// plaintext peer of a keyed listener (or the reverse) `DW_ERR_PROTOCOL`; the listener goes
+/// on accepting.
 #[no_mangle]
 pub extern "C" fn dw_accept(listener: *mut dw_listener, out: *mut *mut dw_stream) -> c_int {
     guard(|| {
@@ -477,16 +409,19 @@ pub extern "C" fn dw_listener_free(listener: *mut dw_listener) {
     });
 }
 
-/// Connects to a listener at `addr` ("host:port") and does the handshake, in the adaptive
-/// mode; received chunks are kept in `env`. On success `*out` owns a stream to end with
-/// `dw_close`.
+/// Connects to a `dw_listen` listener at `addr` ("host:port") holding the same key
+/// `key_text` (64 hexadecimal digits, or a passphrase of at least 16 characters; the caller
+/// keeps the string) and does the handshakes, in the adaptive mode; received chunks are kept
+/// in `env`. A null key is `DW_ERR_NULL`, an unusable one `DW_ERR_KEY`, a listener with
+/// another key `DW_ERR_AUTH`. On success `*out` owns a stream to end with `dw_close`.
 #[no_mangle]
 pub extern "C" fn dw_connect(
     addr: *const c_char,
     env: *mut dw_env,
+    key_text: *const c_char,
     out: *mut *mut dw_stream,
 ) -> c_int {
-    dw_connect_mode(addr, env, DW_MODE_ADAPTIVE, out)
+    dw_connect_mode(addr, env, key_text, DW_MODE_ADAPTIVE, out)
 }
 
 /// `dw_connect` with a `DW_MODE_*` mode, which the listening end adopts for both directions.
@@ -494,60 +429,45 @@ pub extern "C" fn dw_connect(
 pub extern "C" fn dw_connect_mode(
     addr: *const c_char,
     env: *mut dw_env,
-    mode_code: c_int,
-    out: *mut *mut dw_stream,
-) -> c_int {
-    guard(|| {
-        let addr = string(addr, "addr")?;
-        let env = non_null(env, "env")?;
-        non_null(out, "out")?;
-        let config = ChannelConfig {
-            mode: mode(mode_code)?,
-            ..ChannelConfig::default()
-        };
-        let addrs = resolve(addr)?;
-        let stream = DedupStream::connect(&addrs[..], env.env.clone(), config)?;
-        give(
-            out,
-            dw_stream {
-                stream: Channel::Plain(stream),
-            },
-        )
-    })
-}
-
-/// `dw_connect_mode` over an encrypted, authenticated connection to a `dw_listen_key`
-/// listener holding the same key `key_text` (64 hexadecimal digits, or a passphrase of at least 16
-/// characters; the caller keeps the string). A peer with another key is `DW_ERR_AUTH`.
-#[no_mangle]
-pub extern "C" fn dw_connect_key(
-    addr: *const c_char,
-    env: *mut dw_env,
     key_text: *const c_char,
     mode_code: c_int,
     out: *mut *mut dw_stream,
 ) -> c_int {
     guard(|| {
-        let addr = string(addr, "addr")?;
-        let env = non_null(env, "env")?;
-        let key = key(key_text)?;
-        non_null(out, "out")?;
-        let config = ChannelConfig {
-            mode: mode(mode_code)?,
-            ..ChannelConfig::default()
-        };
-        let addrs = resolve(addr)?;
-        let tcp = TcpStream::connect(&addrs[..]).map_err(io)?;
-        tcp.set_nodelay(true).map_err(io)?;
-        let secure = SecureStream::client(tcp, &key)?;
-        let stream = DedupStream::new(secure, env.env.clone(), config, Role::Connect)?;
-        give(
-            out,
-            dw_stream {
-                stream: Channel::Secure(stream),
-            },
-        )
+        let security = keyed(key_text, "dw_connect_plaintext")?;
+        connect(addr, env, security, mode_code, out)
     })
+}
+
+/// `dw_connect_mode` for an INSECURE plaintext channel to a `dw_listen_plaintext` listener:
+/// everything in the clear and unauthenticated, for trusted networks only.
+#[no_mangle]
+pub extern "C" fn dw_connect_plaintext(
+    addr: *const c_char,
+    env: *mut dw_env,
+    mode_code: c_int,
+    out: *mut *mut dw_stream,
+) -> c_int {
+    guard(|| connect(addr, env, Security::InsecurePlaintext, mode_code, out))
+}
+
+fn connect(
+    addr: *const c_char,
+    env: *mut dw_env,
+    security: Security,
+    mode_code: c_int,
+    out: *mut *mut dw_stream,
+) -> Result<(), Failure> {
+    let addr = string(addr, "addr")?;
+    let env = non_null(env, "env")?;
+    non_null(out, "out")?;
+    let config = ChannelConfig {
+        mode: mode(mode_code)?,
+        ..ChannelConfig::default()
+    };
+    let addrs = resolve(addr)?;
+    let stream = DedupStream::connect(&addrs[..], security, env.env.clone(), config)?;
+    give(out, dw_stream { stream })
 }
 
 /// Sends the `len` bytes at `data` as one message (`data` may be null when `len` is 0);
@@ -564,7 +484,7 @@ pub extern "C" fn dw_send(stream: *mut dw_stream, data: *const u8, len: usize) -
             // SAFETY: non-null, and the caller promises `len` readable bytes (header contract).
             unsafe { std::slice::from_raw_parts(data, len) }
         };
-        stream.stream.send(msg)
+        Ok(stream.stream.send(msg)?)
     })
 }
 
@@ -620,7 +540,7 @@ pub extern "C" fn dw_close(stream: *mut dw_stream) -> c_int {
         }
         // SAFETY: a non-null handle came from `dw_accept`/`dw_connect` and is closed once.
         let stream = unsafe { Box::from_raw(stream) };
-        stream.stream.close()
+        Ok(stream.stream.close()?)
     })
 }
 

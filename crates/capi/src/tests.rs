@@ -11,6 +11,8 @@ fn last_error() -> String {
         .to_owned()
 }
 
+const KEY: &CStr = c"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
 fn open_env(dir: &tempfile::TempDir) -> *mut dw_env {
     let path = CString::new(dir.path().to_str().unwrap()).unwrap();
     let mut env = null_mut();
@@ -34,7 +36,7 @@ fn null_arguments_are_refused_with_their_name() {
     let addr = c"127.0.0.1:0";
     let mut listener = null_mut();
     assert_eq!(
-        dw_listen(addr.as_ptr(), null_mut(), &mut listener),
+        dw_listen(addr.as_ptr(), null_mut(), KEY.as_ptr(), &mut listener),
         DW_ERR_NULL
     );
     assert_eq!(last_error(), "env is null");
@@ -76,7 +78,7 @@ fn bad_addresses_and_small_buffers_are_refused() {
     let env = open_env(&dir);
     let mut listener = null_mut();
     assert_eq!(
-        dw_listen(c"no port here".as_ptr(), env, &mut listener),
+        dw_listen(c"no port here".as_ptr(), env, KEY.as_ptr(), &mut listener),
         DW_ERR_ADDRESS
     );
     assert!(
@@ -86,13 +88,13 @@ fn bad_addresses_and_small_buffers_are_refused() {
     );
     let mut stream = null_mut();
     assert_eq!(
-        dw_connect(c"127.0.0.1:99999".as_ptr(), env, &mut stream),
+        dw_connect(c"127.0.0.1:99999".as_ptr(), env, KEY.as_ptr(), &mut stream),
         DW_ERR_ADDRESS
     );
     assert!(stream.is_null());
 
     assert_eq!(
-        dw_listen(c"127.0.0.1:0".as_ptr(), env, &mut listener),
+        dw_listen(c"127.0.0.1:0".as_ptr(), env, KEY.as_ptr(), &mut listener),
         DW_OK
     );
     let mut small = [0 as c_char; 4];
@@ -134,7 +136,12 @@ fn messages_round_trip_and_the_second_is_deduplicated() {
     let (server_env, client_env) = (open_env(&a), open_env(&b));
     let mut listener = null_mut();
     assert_eq!(
-        dw_listen(c"127.0.0.1:0".as_ptr(), server_env, &mut listener),
+        dw_listen(
+            c"127.0.0.1:0".as_ptr(),
+            server_env,
+            KEY.as_ptr(),
+            &mut listener
+        ),
         DW_OK
     );
     let mut buf = [0 as c_char; 64];
@@ -171,7 +178,13 @@ fn messages_round_trip_and_the_second_is_deduplicated() {
         .collect();
     let mut c = null_mut();
     assert_eq!(
-        dw_connect_mode(addr.as_ptr(), client_env, DW_MODE_DEDUP, &mut c),
+        dw_connect_mode(
+            addr.as_ptr(),
+            client_env,
+            KEY.as_ptr(),
+            DW_MODE_DEDUP,
+            &mut c
+        ),
         DW_OK,
         "{}",
         last_error()
@@ -206,10 +219,21 @@ fn keys_are_checked_before_anything_is_opened() {
     let env = open_env(&dir);
     let mut listener = null_mut();
     let addr = c"127.0.0.1:0".as_ptr();
-    assert_eq!(dw_listen_key(addr, env, null(), &mut listener), DW_ERR_NULL);
-    assert_eq!(last_error(), "key is null");
+    assert_eq!(dw_listen(addr, env, null(), &mut listener), DW_ERR_NULL);
+    assert!(
+        last_error().starts_with("key is null") && last_error().contains("dw_listen_plaintext"),
+        "{}",
+        last_error()
+    );
+    let mut stream = null_mut();
+    assert_eq!(dw_connect(addr, env, null(), &mut stream), DW_ERR_NULL);
+    assert!(
+        last_error().contains("dw_connect_plaintext"),
+        "{}",
+        last_error()
+    );
     assert_eq!(
-        dw_listen_key(addr, env, c"short".as_ptr(), &mut listener),
+        dw_listen(addr, env, c"short".as_ptr(), &mut listener),
         DW_ERR_KEY
     );
     assert!(
@@ -218,29 +242,30 @@ fn keys_are_checked_before_anything_is_opened() {
         last_error()
     );
     assert!(listener.is_null());
-    let mut stream = null_mut();
     let key = c"a passphrase long enough".as_ptr();
     assert_eq!(
-        dw_connect_key(addr, env, key, 9, &mut stream),
+        dw_connect_mode(addr, env, key, 9, &mut stream),
         DW_ERR_CONFIG
     );
     assert!(stream.is_null());
     dw_env_free(env);
 }
 
-fn keyed_exchange(server_key: &'static CStr, client_key: &'static CStr) -> (c_int, c_int) {
+/// A round trip between a listener and a client each with its key, `None` for plaintext: the
+/// client's status and the server's.
+fn keyed_exchange(
+    server_key: Option<&'static CStr>,
+    client_key: Option<&'static CStr>,
+) -> (c_int, c_int) {
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (server_env, client_env) = (open_env(&a), open_env(&b));
     let mut listener = null_mut();
-    assert_eq!(
-        dw_listen_key(
-            c"127.0.0.1:0".as_ptr(),
-            server_env,
-            server_key.as_ptr(),
-            &mut listener
-        ),
-        DW_OK
-    );
+    let at = c"127.0.0.1:0".as_ptr();
+    let status = match server_key {
+        Some(key) => dw_listen(at, server_env, key.as_ptr(), &mut listener),
+        None => dw_listen_plaintext(at, server_env, &mut listener),
+    };
+    assert_eq!(status, DW_OK);
     dw_env_free(server_env);
     let mut buf = [0 as c_char; 64];
     assert_eq!(
@@ -263,8 +288,11 @@ fn keyed_exchange(server_key: &'static CStr, client_key: &'static CStr) -> (c_in
         dw_close(s)
     });
     let mut c = null_mut();
-    let key = client_key.as_ptr();
-    let status = dw_connect_key(addr.as_ptr(), client_env, key, DW_MODE_ADAPTIVE, &mut c);
+    let status = match client_key {
+        Some(key) => dw_connect(addr.as_ptr(), client_env, key.as_ptr(), &mut c),
+        None => dw_connect_plaintext(addr.as_ptr(), client_env, DW_MODE_ADAPTIVE, &mut c),
+    };
+    let client_error = last_error();
     dw_env_free(client_env);
     if status == DW_OK {
         assert_eq!(dw_send(c, b"secret".as_ptr(), 6), DW_OK);
@@ -277,18 +305,34 @@ fn keyed_exchange(server_key: &'static CStr, client_key: &'static CStr) -> (c_in
     }
     let served = server.join().unwrap();
     dw_listener_free(listener);
+    if status != DW_OK {
+        assert!(!client_error.is_empty());
+    }
     (status, served)
 }
 
 #[test]
 fn keyed_channels_round_trip_and_refuse_another_key() {
-    let key = c"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
-    assert_eq!(keyed_exchange(key, key), (DW_OK, DW_OK));
-    let (client, server) = keyed_exchange(key, c"another passphrase entirely");
+    assert_eq!(keyed_exchange(Some(KEY), Some(KEY)), (DW_OK, DW_OK));
+    let (client, server) = keyed_exchange(Some(KEY), Some(c"another passphrase entirely"));
     assert_eq!(
         (client, server),
         (DW_ERR_AUTH, DW_ERR_AUTH),
         "{}",
         last_error()
+    );
+}
+
+#[test]
+fn plaintext_takes_both_ends_saying_so() {
+    assert_eq!(keyed_exchange(None, None), (DW_OK, DW_OK));
+    // A plaintext client of a keyed listener is told so by it; the listener refuses it.
+    assert_eq!(
+        keyed_exchange(Some(KEY), None),
+        (DW_ERR_REMOTE, DW_ERR_PROTOCOL)
+    );
+    assert_eq!(
+        keyed_exchange(None, Some(KEY)),
+        (DW_ERR_PROTOCOL, DW_ERR_PROTOCOL)
     );
 }

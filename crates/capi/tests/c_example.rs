@@ -54,7 +54,11 @@ fn the_c_echo_example_round_trips_and_deduplicates() {
         String::from_utf8_lossy(&built.stderr)
     );
 
-    let ran = Command::new(&exe).arg(work.path()).output().unwrap();
+    let ran = Command::new(&exe)
+        .arg(work.path())
+        .env_remove("DEDUPWIRE_KEY") // its built-in passphrase
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&ran.stdout);
     assert!(
         ran.status.success(),

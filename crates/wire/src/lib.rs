@@ -12,7 +12,9 @@
 //! The layer is blocking and works over any `Read + Write` ([`Framed`]) or over split halves
 //! ([`FrameReader`], [`FrameWriter`]). Connections are encrypted and authenticated with a
 //! shared [`Key`] by wrapping the stream in a [`SecureStream`] (Noise, see [`secure`]) before
-//! framing it. The byte layout is in `crates/wire/FORMAT.md`.
+//! framing it; the dedup channel's TCP constructors ([`DedupStream::connect`],
+//! [`DedupListener::bind`]) do so unless told [`Security::InsecurePlaintext`]. The byte layout
+//! is in `crates/wire/FORMAT.md`.
 //!
 //! ```
 //! use dedupwire_wire::{FrameType, Framed, Hello};
@@ -38,7 +40,7 @@ pub mod store;
 
 pub use channel::{
     ChannelConfig, ChannelStats, Chunker, DedupListener, DedupStream, Identifier, Mode, Registry,
-    Role,
+    Role, Security, Transport,
 };
 pub use env::{EnvConfig, EnvStats, Environment};
 pub use error::{Error, Result};

@@ -1,7 +1,9 @@
 /*
  * Echo over the dedup channel, from C: a server thread echoes every message back; the client
  * sends the same 1 MiB message twice, checks each echo, and prints its counters. The second
- * round travels almost entirely as chunk references.
+ * round travels almost entirely as chunk references. The channel is encrypted and authenticated
+ * with a key both ends share: 64 hexadecimal digits (`dedupwire key generate`) or a passphrase
+ * of 16+ characters, here $DEDUPWIRE_KEY or a built-in passphrase.
  *
  * Usage: echo DIR   (the two chunk stores go in DIR/server and DIR/client)
  */
@@ -60,12 +62,15 @@ int main(int argc, char **argv) {
   snprintf(server_dir, sizeof server_dir, "%s/server", argv[1]);
   snprintf(client_dir, sizeof client_dir, "%s/client", argv[1]);
 
+  const char *key = getenv("DEDUPWIRE_KEY");
+  if (key == NULL) key = "the echo example's shared passphrase";
+
   dw_env *server_env = NULL, *client_env = NULL;
   dw_listener *listener = NULL;
   int status;
   if ((status = dw_env_open(server_dir, 0, &server_env)) != DW_OK) return fail("dw_env_open", status);
   if ((status = dw_env_open(client_dir, 0, &client_env)) != DW_OK) return fail("dw_env_open", status);
-  if ((status = dw_listen("127.0.0.1:0", server_env, &listener)) != DW_OK) return fail("dw_listen", status);
+  if ((status = dw_listen("127.0.0.1:0", server_env, key, &listener)) != DW_OK) return fail("dw_listen", status);
   dw_env_free(server_env);
   if ((status = dw_listener_local_addr(listener, addr, sizeof addr)) != DW_OK)
     return fail("dw_listener_local_addr", status);
@@ -86,7 +91,7 @@ int main(int argc, char **argv) {
   }
 
   dw_stream *client = NULL;
-  if ((status = dw_connect_mode(addr, client_env, DW_MODE_DEDUP, &client)) != DW_OK)
+  if ((status = dw_connect_mode(addr, client_env, key, DW_MODE_DEDUP, &client)) != DW_OK)
     return fail("dw_connect_mode", status);
   dw_env_free(client_env);
   for (int i = 0; i < ROUNDS; i++) {

@@ -10,19 +10,26 @@
 //! Segments are pipelined, `window` at a time; in the adaptive mode a segment goes plain
 //! (compressed only) when that has been faster on this connection.
 //!
+//! [`DedupStream::connect`] and [`DedupListener::bind`] run over TCP, encrypted and
+//! authenticated with a shared [`Key`](crate::Key) ([`Security::Key`]); plaintext takes an
+//! explicit [`Security::InsecurePlaintext`] on both ends. [`DedupStream::new`] runs a channel
+//! over any other byte stream.
+//!
 //! ```
 //! use std::sync::Arc;
-//! use dedupwire_wire::{ChannelConfig, DedupListener, DedupStream, MemoryStore};
-//! let listener = DedupListener::bind("127.0.0.1:0", Arc::new(MemoryStore::new()),
-//!     ChannelConfig::default()).unwrap();
+//! use dedupwire_wire::{ChannelConfig, DedupListener, DedupStream, Key, MemoryStore, Security};
+//! let key = Key::generate().unwrap(); // or Key::load(path), shared by both ends
+//! let listener = DedupListener::bind("127.0.0.1:0", Security::Key(key.clone()),
+//!     Arc::new(MemoryStore::new()), ChannelConfig::default()).unwrap();
 //! let addr = listener.local_addr().unwrap();
 //! let server = std::thread::spawn(move || {
 //!     let mut s = listener.accept().unwrap();
 //!     let m = s.recv().unwrap();
 //!     s.send(&m).unwrap();
 //! });
-//! let mut c = DedupStream::connect(addr, Arc::new(MemoryStore::new()),
-//!     ChannelConfig::default()).unwrap();
+//! let mut c = DedupStream::connect(addr, Security::Key(key),
+//!     Arc::new(MemoryStore::new()), ChannelConfig::default()).unwrap();
+//! assert!(c.get_ref().is_encrypted());
 //! c.send(b"hello, channel").unwrap();
 //! assert_eq!(c.recv().unwrap(), b"hello, channel");
 //! server.join().unwrap();
@@ -38,6 +45,7 @@ mod receiver;
 mod sender;
 mod stats;
 mod stream;
+mod transport;
 
 pub use self::adaptive::{PLAIN_MARGIN, PROBE_EVERY};
 pub use self::config::{
@@ -45,3 +53,4 @@ pub use self::config::{
 };
 pub use self::stats::ChannelStats;
 pub use self::stream::{DedupListener, DedupStream, Role};
+pub use self::transport::{Security, Transport, HANDSHAKE_TIMEOUT};

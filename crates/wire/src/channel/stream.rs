@@ -19,6 +19,7 @@ use super::protocol::{Limits, Message, PROTOCOL, VERSION};
 use super::receiver::{Packed, Receiver};
 use super::sender::Sender;
 use super::stats::ChannelStats;
+use super::transport::{Security, Transport, HANDSHAKE_TIMEOUT};
 use crate::error::{Error, Result};
 use crate::frame::{FrameType, Framed};
 use crate::handshake::Hello;
@@ -59,16 +60,30 @@ impl<S: Read + Write> std::fmt::Debug for DedupStream<S> {
     }
 }
 
-impl DedupStream<TcpStream> {
-    /// Connects to a [`DedupListener`] at `addr` and agrees on `config`.
+impl DedupStream<Transport> {
+    /// Connects to a [`DedupListener`] at `addr`, secured as `security` says (the listener
+    /// must say the same), and agrees on `config`. A listener with another key, or a
+    /// plaintext one when this end has a key (or the reverse), is refused during the secure
+    /// handshake: [`Error::Auth`] for another key, [`Error::Protocol`] or [`Error::Remote`]
+    /// naming the mismatch otherwise; no channel frame is exchanged.
     pub fn connect(
         addr: impl ToSocketAddrs,
+        security: Security,
         store: Arc<dyn ChunkStore>,
         config: ChannelConfig,
     ) -> Result<Self> {
-        let stream = TcpStream::connect(addr).map_err(Error::Io)?;
-        stream.set_nodelay(true).map_err(Error::Io)?;
-        DedupStream::new(stream, store, config, Role::Connect)
+        config.validate()?;
+        let tcp = TcpStream::connect(addr).map_err(Error::Io)?;
+        tcp.set_nodelay(true).map_err(Error::Io)?;
+        tcp.set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+            .map_err(Error::Io)?;
+        let stream = DedupStream::new(security.client(tcp)?, store, config, Role::Connect)?;
+        stream
+            .get_ref()
+            .tcp()
+            .set_read_timeout(None)
+            .map_err(Error::Io)?;
+        Ok(stream)
     }
 }
 
@@ -100,7 +115,12 @@ impl<S: Read + Write> DedupStream<S> {
                 config
             }
             Role::Accept => {
-                let proposal = framed.recv_hello(&hello)?;
+                let proposal = framed.recv_hello(&hello).inspect_err(|e| {
+                    if matches!(e, Error::Protocol(m) if m == crate::secure::SECURE_PEER) {
+                        // Its opening bytes tell a secure client this end speaks plaintext.
+                        let _ = framed.send_error(&e.to_string());
+                    }
+                })?;
                 match config.accept(&proposal.peer.data) {
                     Ok(agreed) => {
                         framed.send_hello(&hello.with_data(agreed.encode()))?;
@@ -332,8 +352,25 @@ impl<S: Read + Write> DedupStream<S> {
         r
     }
 
+    /// Adds `buf` to the message gathered through `Write`, sending the segments it fills.
+    pub(crate) fn gather(&mut self, buf: &[u8]) -> Result<()> {
+        self.check()?;
+        self.wbuf.extend_from_slice(buf);
+        self.stats.message_bytes_sent += buf.len() as u64;
+        if self.wbuf.len() >= 2 * self.config.segment_size {
+            let pending = std::mem::take(&mut self.wbuf);
+            let t = Instant::now();
+            let r = self.push(&pending, false);
+            self.stats.send_time += t.elapsed();
+            let used = r?;
+            self.wbuf = pending;
+            self.wbuf.drain(..used);
+        }
+        Ok(())
+    }
+
     /// Ends the message gathered through `Write`, if one is open.
-    fn flush_message(&mut self) -> Result<()> {
+    pub(crate) fn flush_message(&mut self) -> Result<()> {
         if self.wbuf.is_empty() && !self.sender.open() {
             return Ok(());
         }
@@ -347,7 +384,7 @@ impl<S: Read + Write> DedupStream<S> {
     }
 }
 
-fn to_io(e: Error) -> io::Error {
+pub(crate) fn to_io(e: Error) -> io::Error {
     match e {
         Error::Io(e) => e,
         Error::PeerClosed { .. } => io::Error::new(io::ErrorKind::BrokenPipe, e),
@@ -357,18 +394,7 @@ fn to_io(e: Error) -> io::Error {
 
 impl<S: Read + Write> Write for DedupStream<S> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.check().map_err(to_io)?;
-        self.wbuf.extend_from_slice(buf);
-        self.stats.message_bytes_sent += buf.len() as u64;
-        if self.wbuf.len() >= 2 * self.config.segment_size {
-            let pending = std::mem::take(&mut self.wbuf);
-            let t = Instant::now();
-            let r = self.push(&pending, false);
-            self.stats.send_time += t.elapsed();
-            let used = r.map_err(to_io)?;
-            self.wbuf = pending;
-            self.wbuf.drain(..used);
-        }
+        self.gather(buf).map_err(to_io)?;
         Ok(buf.len())
     }
 
@@ -400,9 +426,10 @@ impl<S: Read + Write> Read for DedupStream<S> {
     }
 }
 
-/// Accepts dedup channels on a TCP port, all sharing one chunk store.
+/// Accepts dedup channels on a TCP port, all sharing one chunk store and secured alike.
 pub struct DedupListener {
     listener: TcpListener,
+    security: Security,
     store: Arc<dyn ChunkStore>,
     config: ChannelConfig,
 }
@@ -411,24 +438,33 @@ impl std::fmt::Debug for DedupListener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DedupListener")
             .field("listener", &self.listener)
+            .field("security", &self.security)
             .field("config", &self.config.describe())
             .finish()
     }
 }
 
 impl DedupListener {
-    /// Listens on `addr`; accepted channels use `store` and agree on `config`.
+    /// Listens on `addr`; accepted channels are secured as `security` says (peers must
+    /// connect with the same), use `store` and agree on `config`.
     pub fn bind(
         addr: impl ToSocketAddrs,
+        security: Security,
         store: Arc<dyn ChunkStore>,
         config: ChannelConfig,
     ) -> Result<DedupListener> {
         config.validate()?;
         Ok(DedupListener {
             listener: TcpListener::bind(addr).map_err(Error::Io)?,
+            security,
             store,
             config,
         })
+    }
+
+    /// How accepted connections are secured.
+    pub fn security(&self) -> &Security {
+        &self.security
     }
 
     /// The address it listens on (to learn the port after binding port 0).
@@ -436,15 +472,25 @@ impl DedupListener {
         self.listener.local_addr().map_err(Error::Io)
     }
 
-    /// The next connection, after the handshake.
-    pub fn accept(&self) -> Result<DedupStream<TcpStream>> {
-        let (stream, _) = self.listener.accept().map_err(Error::Io)?;
-        stream.set_nodelay(true).map_err(Error::Io)?;
-        DedupStream::new(
-            stream,
+    /// The next connection, after the handshakes (secure, then channel). A peer refused by
+    /// either is an error here (and there): [`Error::Auth`] for a peer with another key; keep
+    /// accepting after it.
+    pub fn accept(&self) -> Result<DedupStream<Transport>> {
+        let (tcp, _) = self.listener.accept().map_err(Error::Io)?;
+        tcp.set_nodelay(true).map_err(Error::Io)?;
+        tcp.set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+            .map_err(Error::Io)?;
+        let stream = DedupStream::new(
+            self.security.server(tcp)?,
             self.store.clone(),
             self.config.clone(),
             Role::Accept,
-        )
+        )?;
+        stream
+            .get_ref()
+            .tcp()
+            .set_read_timeout(None)
+            .map_err(Error::Io)?;
+        Ok(stream)
     }
 }

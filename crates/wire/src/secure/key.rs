@@ -1,7 +1,7 @@
 //! The shared key both ends of a secure connection hold.
 
 use std::fmt;
-use std::io;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 /// The context string of the passphrase derivation ([`Key::from_token`]); changing it changes
@@ -24,6 +24,15 @@ pub enum KeyError {
     /// The key file could not be read.
     #[error("cannot read key file {}: {source}", path.display())]
     Io {
+        /// The key file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The key file could not be created or written.
+    #[error("cannot write key file {}: {source}", path.display())]
+    Write {
         /// The key file.
         path: PathBuf,
         /// Why.
@@ -121,6 +130,24 @@ impl Key {
         Key::from_text(&text, &format!("key file {}", path.display()))
     }
 
+    /// Writes the key to a new file at `path` (64 hexadecimal digits and a newline, what
+    /// [`Key::load`] reads), readable and writable by its owner only on Unix (mode 0600). An
+    /// existing file is left alone: overwriting a key would cut off the peers that hold it.
+    pub fn save(&self, path: &Path) -> Result<(), KeyError> {
+        let failed = |source| KeyError::Write {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let mut file = options.open(path).map_err(failed)?;
+        file.write_all(format!("{}\n", self.to_hex()).as_bytes())
+            .and_then(|()| file.sync_all())
+            .map_err(failed)
+    }
+
     /// A short public name of the key (8 hex digits of a one-way hash): equal on both ends when
     /// they hold the same key, and safe to print.
     pub fn id(&self) -> String {
@@ -213,8 +240,21 @@ mod tests {
         assert!(matches!(Key::load(&empty), Err(KeyError::Empty(_))));
         let good = dir.join("good");
         let key = Key::generate().unwrap();
-        std::fs::write(&good, format!("{}\n", key.to_hex())).unwrap();
+        key.save(&good).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&good).unwrap(),
+            format!("{}\n", key.to_hex())
+        );
         assert_eq!(Key::load(&good).unwrap(), key);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&good).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        let e = Key::generate().unwrap().save(&good).unwrap_err();
+        assert!(e.to_string().starts_with("cannot write key file"), "{e}");
+        assert_eq!(Key::load(&good).unwrap(), key, "not overwritten");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
