@@ -7,10 +7,15 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
+# Features off by default, linted and tested on their own: dedupwire-wire's tokio adapter.
+cargo clippy -p dedupwire-wire --features tokio --all-targets -- -D warnings
 echo "== cargo build -p dedupwire-capi (the C example links its static library)"
 cargo build -p dedupwire-capi
 echo "== cargo test"
 cargo test --workspace 2>&1 | tee target/test-output.txt
+echo "== cargo test -p dedupwire-wire --features tokio (AsyncDedupStream: its test and doc example)"
+cargo test -p dedupwire-wire --features tokio --test channel_async 2>&1 | tee -a target/test-output.txt
+cargo test -p dedupwire-wire --features tokio --doc asynchronous 2>&1 | tee -a target/test-output.txt
 echo "== python package (maturin develop, pytest, stubtest)"
 if command -v python3 >/dev/null; then
   [ -x target/pyenv/bin/python ] || python3 -m venv target/pyenv

@@ -14,7 +14,8 @@
 //! shared [`Key`] by wrapping the stream in a [`SecureStream`] (Noise, see [`secure`]) before
 //! framing it; the dedup channel's TCP constructors ([`DedupStream::connect`],
 //! [`DedupListener::bind`]) do so unless told [`Security::InsecurePlaintext`]. The byte layout
-//! is in `crates/wire/FORMAT.md`.
+//! is in `crates/wire/FORMAT.md`. Feature `tokio`: `AsyncDedupStream`, the channel for async
+//! code.
 //!
 //! ```
 //! use dedupwire_wire::{FrameType, Framed, Hello};
@@ -38,6 +39,8 @@ mod handshake;
 pub mod secure;
 pub mod store;
 
+#[cfg(feature = "tokio")]
+pub use channel::AsyncDedupStream;
 pub use channel::{
     ChannelConfig, ChannelStats, Chunker, DedupListener, DedupStream, Identifier, Mode, Registry,
     Role, Security, Transport,

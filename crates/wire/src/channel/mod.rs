@@ -38,6 +38,8 @@
 //! [`ChunkStore`]: crate::ChunkStore
 
 mod adaptive;
+#[cfg(feature = "tokio")]
+mod asynchronous;
 pub mod config;
 mod link;
 pub mod protocol;
@@ -48,6 +50,8 @@ mod stream;
 mod transport;
 
 pub use self::adaptive::{PLAIN_MARGIN, PROBE_EVERY};
+#[cfg(feature = "tokio")]
+pub use self::asynchronous::AsyncDedupStream;
 pub use self::config::{
     Blake3Id, ChannelConfig, Chunker, EngineChunker, Identifier, Mode, Registry, Xxh3Id,
 };
