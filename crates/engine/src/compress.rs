@@ -103,6 +103,18 @@ impl Compressor {
         self.method
     }
 
+    /// Switches a zstd compressor to `level` (the decoder needs no level, so a stream may
+    /// change it between batches); other methods have no level and ignore it.
+    pub fn set_zstd_level(&mut self, level: i32) {
+        if let Some(z) = &mut self.zstd {
+            if self.method != Compression::Zstd(level) {
+                z.set_compression_level(level)
+                    .expect("zstd accepts every level from its minimum to 22");
+                self.method = Compression::Zstd(level);
+            }
+        }
+    }
+
     /// Compresses `data` into a new buffer, as [`Compression::compress`] would.
     pub fn compress(&mut self, data: &[u8]) -> Vec<u8> {
         match &mut self.zstd {
@@ -190,6 +202,24 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_level_change_keeps_the_stream_decodable() {
+        let data = b"level after level, the same decoder reads it all. ".repeat(2000);
+        let mut c = Compressor::new(Compression::Zstd(3));
+        let mut sizes = Vec::new();
+        for level in [3, -7, 1, 19] {
+            c.set_zstd_level(level);
+            assert_eq!(c.method(), Compression::Zstd(level));
+            let z = c.compress(&data);
+            sizes.push(z.len());
+            assert_eq!(Compression::decompress(1, &z, data.len()).unwrap(), data);
+        }
+        assert!(sizes[1] > sizes[3], "-7 packs less than 19: {sizes:?}");
+        let mut l = Compressor::new(Compression::Lz4);
+        l.set_zstd_level(1);
+        assert_eq!(l.method(), Compression::Lz4);
     }
 
     #[test]

@@ -88,6 +88,8 @@ pub(crate) struct Sender {
     /// Compressed/raw size of recent DATA frames (a moving average).
     ratio: f64,
     compressor: Compressor,
+    /// Plain segments' compressor, whose zstd level the adaptive mode moves.
+    plain_compressor: Compressor,
     codec: Sampled,
     pub(crate) adaptive: Adaptive,
 }
@@ -96,7 +98,8 @@ impl Sender {
     pub(crate) fn new(cfg: ChannelConfig, store: Arc<dyn ChunkStore>) -> Sender {
         Sender {
             compressor: Compressor::new(cfg.compression),
-            adaptive: Adaptive::new(cfg.mode),
+            plain_compressor: Compressor::new(cfg.compression),
+            adaptive: Adaptive::new(cfg.mode, cfg.compression),
             cfg,
             store,
             next_seg: 0,
@@ -175,7 +178,11 @@ impl Sender {
         self.next_seg += 1;
         let (levels, awaiting, writes) = match way {
             Way::Plain => {
-                let body = self.compressor.compress(&bytes);
+                if let Some(level) = self.adaptive.plain_level() {
+                    self.plain_compressor.set_zstd_level(level);
+                    stats.plain_level = Some(level);
+                }
+                let body = self.plain_compressor.compress(&bytes);
                 let writes = link.write_time;
                 let keep = self.adaptive.link_bound();
                 link.send(&Message::Plain {

@@ -52,6 +52,10 @@ pub struct ChannelStats {
     pub dedup_rate: f64,
     /// The adaptive mode's latest estimate of plain speed, message bytes per second of sender time.
     pub plain_rate: f64,
+    /// The zstd level the adaptive mode last compressed a plain segment with (`None` when
+    /// the level is fixed): below the configured one when the sender's CPU, not the link,
+    /// bounds plain sending.
+    pub plain_level: Option<i32>,
 }
 
 impl ChannelStats {
