@@ -92,6 +92,37 @@ fn session(
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(PEER_TIMEOUT))?;
     stream.set_write_timeout(Some(PEER_TIMEOUT))?;
+    let raw = stream.try_clone()?;
+    let r = receive(stream, root, env, key);
+    if r.is_err() {
+        linger(&raw);
+    }
+    r
+}
+
+/// After a failure: lets the peer read why (the channel's ERROR frame or our ERROR message)
+/// before the socket closes. Closing with the peer's bytes unread would reset the connection
+/// and the peer could lose the explanation; so say we are done writing and read what it
+/// still sends, briefly.
+fn linger(raw: &TcpStream) {
+    let _ = raw.shutdown(std::net::Shutdown::Write);
+    let _ = raw.set_read_timeout(Some(Duration::from_millis(500)));
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    let mut buf = vec![0u8; 64 << 10];
+    while std::time::Instant::now() < until {
+        match std::io::Read::read(&mut &*raw, &mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+}
+
+fn receive(
+    stream: TcpStream,
+    root: &TreeRoot,
+    env: Arc<Environment>,
+    key: Option<&Key>,
+) -> Result<String> {
     let conn = transport::server(stream, key)?;
     let store: Arc<dyn ChunkStore> = env.clone();
     let mut channel = DedupStream::new(conn, store, ChannelConfig::default(), Role::Accept)
