@@ -113,7 +113,12 @@ pub fn run(args: Args) -> Result<()> {
     let c = &report.channel;
     let elapsed = started.elapsed().as_secs_f64();
     if args.dry_run && !args.quiet {
-        let mut out = std::io::stdout().lock();
+        // On stdout, unless the JSON goes there.
+        let mut out: Box<dyn Write> = if args.json.as_deref() == Some(std::path::Path::new("-")) {
+            Box::new(std::io::stderr().lock())
+        } else {
+            Box::new(std::io::stdout().lock())
+        };
         for (change, path) in &d.changes {
             writeln!(out, "{} {}", change.symbol(), String::from_utf8_lossy(path))?;
         }

@@ -16,6 +16,8 @@ use crate::transport::{self, KeyArgs};
 
 /// How long either end waits for the other before giving up on a connection.
 pub const PEER_TIMEOUT: Duration = Duration::from_secs(300);
+/// The longest message a receiver accepts (a manifest of millions of files fits).
+const MAX_MESSAGE: u64 = 1 << 30;
 
 /// Options of `dedupwire serve`.
 #[derive(clap::Args)]
@@ -125,8 +127,14 @@ fn receive(
 ) -> Result<String> {
     let conn = transport::server(stream, key)?;
     let store: Arc<dyn ChunkStore> = env.clone();
-    let mut channel = DedupStream::new(conn, store, ChannelConfig::default(), Role::Accept)
-        .context("channel handshake failed")?;
+    // A sender's messages are a manifest and ~32 MiB batches: refuse anything much larger
+    // before buffering it.
+    let config = ChannelConfig {
+        max_message: MAX_MESSAGE,
+        ..ChannelConfig::default()
+    };
+    let mut channel =
+        DedupStream::new(conn, store, config, Role::Accept).context("channel handshake failed")?;
     let r = serve(root, &*env, &mut channel)?;
     let s = channel.stats();
     let d = &r.diff;

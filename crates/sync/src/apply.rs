@@ -24,7 +24,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -377,6 +377,8 @@ impl TreeRoot {
     }
 }
 
+/// Copies a current file (checked by [`TreeRoot::resolve`]) into staging with new metadata:
+/// `copy_file_range` in the kernel (a reflink where the filesystem can).
 fn copy_file(from: &Path, to: &Path, e: &Entry) -> Result<()> {
     let mut src = OpenOptions::new()
         .read(true)
@@ -384,23 +386,12 @@ fn copy_file(from: &Path, to: &Path, e: &Entry) -> Result<()> {
         .open(from)
         .map_err(io_at(from))?;
     let mut dst = create_new(to)?;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut h = blake3::Hasher::new();
-    loop {
-        let k = src.read(&mut buf).map_err(io_at(from))?;
-        if k == 0 {
-            break;
-        }
-        h.update(&buf[..k]);
-        dst.write_all(&buf[..k]).map_err(io_at(to))?;
-    }
-    if let Kind::File { hash, .. } = e.kind {
-        if *h.finalize().as_bytes() != hash {
-            return Err(Error::Mismatch(format!(
-                "{}: changed while being copied",
-                from.display()
-            )));
-        }
+    let n = io::copy(&mut src, &mut dst).map_err(io_at(to))?;
+    if n != e.size() {
+        return Err(Error::Mismatch(format!(
+            "{}: changed while being copied",
+            from.display()
+        )));
     }
     set_file_meta(&dst, to, e.mode, e.mtime_ns)
 }
