@@ -592,13 +592,15 @@ mod tests {
     }
 
     #[test]
-    fn scan_records_kinds_and_skips_nothing_regular() {
+    fn scan_records_kinds_and_skips_special_files() {
         let t = tempfile::tempdir().unwrap();
         fs::create_dir(t.path().join("d")).unwrap();
         fs::create_dir(t.path().join("empty")).unwrap();
         fs::write(t.path().join("d/f"), b"hello").unwrap();
         std::os::unix::fs::symlink("nowhere", t.path().join("l")).unwrap();
+        let _socket = std::os::unix::net::UnixListener::bind(t.path().join("sock")).unwrap();
         let s = scan(t.path(), &mut |_| {}).unwrap();
+        assert_eq!(s.skipped, [t.path().join("sock")]);
         let paths: Vec<_> = s.manifest.entries.iter().map(Entry::display).collect();
         assert_eq!(paths, ["d", "d/f", "empty", "l"]);
         assert_eq!(
