@@ -7,6 +7,8 @@ use clap::{Parser, Subcommand};
 mod cmd_analyze;
 mod cmd_key;
 mod cmd_replicate;
+mod cmd_send;
+mod cmd_serve;
 mod transport;
 
 #[derive(Parser)]
@@ -26,6 +28,11 @@ enum Cmd {
     Analyze(cmd_analyze::Args),
     /// Ship a database's change stream with similarity dedup (sDedup).
     Replicate(cmd_replicate::Args),
+    /// Make a directory on a `dedupwire serve` an exact copy of a local tree, sending only
+    /// what it lacks.
+    Send(cmd_send::Args),
+    /// Receive trees from `dedupwire send` into a directory, each swapped in atomically.
+    Serve(cmd_serve::Args),
     /// Make the shared key that authenticates and encrypts connections (`--key-file`).
     Key(cmd_key::Args),
 }
@@ -36,6 +43,8 @@ fn main() -> ExitCode {
         Cmd::Analyze(a) => cmd_analyze::run(a),
         Cmd::Replicate(a) => cmd_replicate::run(a),
         Cmd::Key(a) => cmd_key::run(a),
+        Cmd::Send(a) => cmd_send::run(a),
+        Cmd::Serve(a) => cmd_serve::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

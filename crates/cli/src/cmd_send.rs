@@ -1,0 +1,188 @@
+//! `dedupwire send SRC HOST:PORT:NAME`: makes `ROOT/NAME` on a `dedupwire serve` an exact copy
+//! of the directory SRC, sending only the contents the receiver has nowhere, deduplicated
+//! against its chunk environment (so an interrupted send resumes cheaply).
+
+use std::io::{IsTerminal, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use dedupwire_sync::{manifest, send, BoundedStore, SendOptions};
+use dedupwire_wire::{ChannelConfig, DedupStream, Mode, Role};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+
+use crate::cmd_serve::PEER_TIMEOUT;
+use crate::transport::{self, KeyArgs};
+
+/// Chunk bytes the sender keeps as delta bases.
+const SENDER_STORE_BYTES: usize = 256 << 20;
+
+/// Options of `dedupwire send`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The directory to send (symlinks in it are sent as links, never followed).
+    src: PathBuf,
+    /// Where: HOST:PORT of a `dedupwire serve`, and the NAME of the tree under its root.
+    #[arg(value_name = "HOST:PORT:NAME")]
+    dest: String,
+    /// Report what would change (and how many bytes of contents would travel); change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Write statistics as JSON to FILE (`-` for stdout).
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// No progress bar and no summary.
+    #[arg(long, short)]
+    quiet: bool,
+    #[command(flatten)]
+    key: KeyArgs,
+}
+
+fn bar(quiet: bool, template: &str) -> ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(0).with_style(ProgressStyle::with_template(template).expect("valid"))
+    }
+}
+
+/// Runs the subcommand.
+pub fn run(args: Args) -> Result<()> {
+    let started = Instant::now();
+    let key = args.key.key()?;
+    let Some((addr, name)) = args.dest.rsplit_once(':') else {
+        bail!("{:?}: the destination is HOST:PORT:NAME", args.dest);
+    };
+    if !addr.contains(':') {
+        bail!("{:?}: the destination is HOST:PORT:NAME", args.dest);
+    }
+    dedupwire_sync::apply::check_tree_name(name.as_bytes())?;
+
+    let scanning = bar(args.quiet, "{spinner} scanning {bytes} {bytes_per_sec}");
+    let scan = manifest::scan(&args.src, &mut |n| scanning.inc(n))
+        .with_context(|| format!("scanning {}", args.src.display()))?;
+    scanning.finish_and_clear();
+    for p in &scan.skipped {
+        eprintln!(
+            "dedupwire send: warning: skipping {} (not a file, directory or symlink)",
+            p.display()
+        );
+    }
+
+    let stream = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(PEER_TIMEOUT))?;
+    stream.set_write_timeout(Some(PEER_TIMEOUT))?;
+    let conn = transport::client(stream, key.as_ref())?;
+    // Dedup mode, not adaptive: the receiver must keep the chunks of everything that arrives
+    // (a plain segment's chunks are not always kept), or a cut-off send would start over.
+    let config = ChannelConfig {
+        mode: Mode::Dedup,
+        ..ChannelConfig::default()
+    };
+    let store = Arc::new(BoundedStore::new(SENDER_STORE_BYTES));
+    let mut channel =
+        DedupStream::new(conn, store, config, Role::Connect).context("channel handshake failed")?;
+    let sending = bar(
+        args.quiet,
+        "{spinner} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {wide_bar}",
+    );
+    let opts = SendOptions {
+        dry_run: args.dry_run,
+        ..SendOptions::default()
+    };
+    let report = send(
+        &mut channel,
+        &args.src,
+        name.as_bytes(),
+        &scan.manifest,
+        &opts,
+        &mut |done, total| {
+            sending.set_length(total);
+            sending.set_position(done);
+        },
+    )
+    .with_context(|| format!("sending {} to {}", args.src.display(), args.dest))?;
+    sending.finish_and_clear();
+    let _ = channel.close();
+
+    let d = &report.diff;
+    let c = &report.channel;
+    let elapsed = started.elapsed().as_secs_f64();
+    if args.dry_run && !args.quiet {
+        // On stdout, unless the JSON goes there.
+        let mut out: Box<dyn Write> = if args.json.as_deref() == Some(std::path::Path::new("-")) {
+            Box::new(std::io::stderr().lock())
+        } else {
+            Box::new(std::io::stdout().lock())
+        };
+        for (change, path) in &d.changes {
+            writeln!(out, "{} {}", change.symbol(), String::from_utf8_lossy(path))?;
+        }
+    }
+    if !args.quiet {
+        eprintln!(
+            "{}{name}: {} new, {} changed, {} unchanged, {} deleted files; {} files ({} bytes) \
+             {}; {} bytes on the wire out, {} in; {elapsed:.2} s",
+            if args.dry_run {
+                "dry run, nothing changed: "
+            } else {
+                ""
+            },
+            d.files_new,
+            d.files_changed,
+            d.files_unchanged,
+            d.files_deleted,
+            report.files_sent,
+            report.bytes_needed,
+            if args.dry_run {
+                "would travel"
+            } else {
+                "travelled"
+            },
+            c.socket_bytes_sent,
+            c.socket_bytes_received,
+        );
+    }
+    if let Some(path) = &args.json {
+        let j = json!({
+            "name": name,
+            "dry_run": args.dry_run,
+            "bytes_read": scan.bytes_read + report.bytes_read,
+            "bytes_scanned": scan.bytes_read,
+            "files_sent": report.files_sent,
+            "bytes_needed": report.bytes_needed,
+            "socket_bytes_sent": c.socket_bytes_sent,
+            "socket_bytes_received": c.socket_bytes_received,
+            "files_new": d.files_new,
+            "files_changed": d.files_changed,
+            "files_unchanged": d.files_unchanged,
+            "files_deleted": d.files_deleted,
+            "dirs_new": d.dirs_new,
+            "dirs_deleted": d.dirs_deleted,
+            "skipped": scan.skipped.len(),
+            "chunks": {
+                "hit": c.chunks_hit,
+                "bytes_hit": c.bytes_hit,
+                "delta": c.chunks_delta,
+                "bytes_delta": c.bytes_delta,
+                "literal": c.chunks_literal,
+                "bytes_literal": c.bytes_literal,
+                "segments_plain": c.segments_plain,
+                "bytes_plain": c.bytes_plain,
+                "round_trips": c.round_trips,
+            },
+            "elapsed_s": elapsed,
+        });
+        let text = serde_json::to_string_pretty(&j)? + "\n";
+        if path.as_os_str() == "-" {
+            std::io::stdout().lock().write_all(text.as_bytes())?;
+        } else {
+            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        }
+    }
+    Ok(())
+}

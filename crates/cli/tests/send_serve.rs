@@ -1,0 +1,514 @@
+//! `dedupwire send` / `dedupwire serve` end to end: the real binary at both ends over loopback
+//! TCP, encrypted with a shared key. The copy is compared field by field (contents, mode,
+//! mtime in ns, symlink targets, empty directories) by a walker independent of the one the
+//! sender uses. The receiver's tree must be the old version or the new one after every
+//! failure: a wrong key, a sender killed mid-transfer, a full disk.
+//!
+//! The full-disk test mounts a small tmpfs and so needs root: it fails saying so otherwise.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, FileTimes};
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+fn dedupwire() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_dedupwire"));
+    c.env_remove("DEDUPWIRE_KEY");
+    c
+}
+
+fn tempdir(tag: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("dedupwire-send-serve-{tag}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn generate_key(path: &Path) {
+    let out = dedupwire()
+        .args(["key", "generate"])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+/// A running `dedupwire serve`, killed when dropped.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Server {
+    fn start(root: &Path, key: &Path, extra: &[&str]) -> Server {
+        let mut child = dedupwire()
+            .args(["serve", "--listen", "127.0.0.1:0", "--root"])
+            .arg(root)
+            .arg("--key-file")
+            .arg(key)
+            .args(extra)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let first = lines.next().unwrap().unwrap();
+        let addr = first
+            .split_whitespace()
+            .find(|w| w.starts_with("127.0.0.1:"))
+            .unwrap_or_else(|| panic!("no address in {first:?}"))
+            .trim_end_matches(',')
+            .to_string();
+        // Keep draining its log so that it never blocks on a full pipe.
+        std::thread::spawn(move || {
+            for l in lines.map_while(Result::ok) {
+                eprintln!("[serve] {l}");
+            }
+        });
+        Server { child, addr }
+    }
+
+    fn dest(&self, name: &str) -> String {
+        format!("{}:{name}", self.addr)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn send_cmd(src: &Path, dest: &str, key: &Path, extra: &[&str]) -> Command {
+    let mut c = dedupwire();
+    c.arg("send")
+        .arg(src)
+        .arg(dest)
+        .arg("--key-file")
+        .arg(key)
+        .args(extra);
+    c
+}
+
+/// Sends and returns the `--json` statistics; panics if the send fails.
+fn send(src: &Path, dest: &str, key: &Path, extra: &[&str]) -> serde_json::Value {
+    let out = send_cmd(src, dest, key, &[&["--json", "-"], extra].concat())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "send failed: {}", stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stdout));
+    })
+}
+
+/// One path of a tree, as this test sees it.
+#[derive(Debug, PartialEq, Eq)]
+enum Node {
+    File {
+        mode: u32,
+        mtime: (i64, i64),
+        contents: Vec<u8>,
+    },
+    Dir {
+        mode: u32,
+        mtime: (i64, i64),
+    },
+    Link {
+        mtime: (i64, i64),
+        target: PathBuf,
+    },
+}
+
+/// Every path under `root` (and the root itself as ""), by lstat, never following a link.
+fn snapshot(root: &Path) -> BTreeMap<String, Node> {
+    fn walk(dir: &Path, rel: &str, out: &mut BTreeMap<String, Node>) {
+        for d in fs::read_dir(dir).unwrap() {
+            let d = d.unwrap();
+            let name = d.file_name().into_string().unwrap();
+            let rel = if rel.is_empty() {
+                name
+            } else {
+                format!("{rel}/{name}")
+            };
+            let path = d.path();
+            let md = fs::symlink_metadata(&path).unwrap();
+            let mtime = (md.mtime(), md.mtime_nsec());
+            let mode = md.mode() & 0o7777;
+            let node = if md.file_type().is_symlink() {
+                Node::Link {
+                    mtime,
+                    target: fs::read_link(&path).unwrap(),
+                }
+            } else if md.is_dir() {
+                walk(&path, &rel, out);
+                Node::Dir { mode, mtime }
+            } else {
+                Node::File {
+                    mode,
+                    mtime,
+                    contents: fs::read(&path).unwrap(),
+                }
+            };
+            out.insert(rel, node);
+        }
+    }
+    let mut out = BTreeMap::new();
+    let md = fs::metadata(root).unwrap();
+    out.insert(
+        String::new(),
+        Node::Dir {
+            mode: md.mode() & 0o7777,
+            mtime: (md.mtime(), md.mtime_nsec()),
+        },
+    );
+    walk(root, "", &mut out);
+    out
+}
+
+fn assert_same_tree(a: &Path, b: &Path) {
+    let (x, y) = (snapshot(a), snapshot(b));
+    assert_eq!(
+        x.keys().collect::<Vec<_>>(),
+        y.keys().collect::<Vec<_>>(),
+        "paths differ"
+    );
+    for (k, v) in &x {
+        assert!(v == &y[k], "{k:?} differs:\n{v:?}\nvs\n{:?}", y[k]);
+    }
+}
+
+/// Pseudo-random bytes (xorshift), different for each `seed`.
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        out.extend_from_slice(&s.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+fn set_mtime(path: &Path, secs: u64, nanos: u32) {
+    let t = SystemTime::UNIX_EPOCH + Duration::new(secs, nanos);
+    File::open(path)
+        .unwrap()
+        .set_times(FileTimes::new().set_modified(t))
+        .unwrap();
+}
+
+fn write(path: &Path, contents: &[u8], mode: u32, secs: u64) {
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    fs::write(path, contents).unwrap();
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+    set_mtime(path, secs, 123_456_789);
+}
+
+/// A small tree with every kind of entry.
+fn make_tree(src: &Path) {
+    write(&src.join("README"), b"read me\n", 0o644, 1_600_000_000);
+    write(
+        &src.join("bin/run.sh"),
+        b"#!/bin/sh\necho hi\n",
+        0o755,
+        1_600_000_001,
+    );
+    write(&src.join("secret"), b"only for me", 0o600, 1_600_000_002);
+    write(&src.join("empty-file"), b"", 0o640, 1_600_000_003);
+    write(
+        &src.join("data/big.bin"),
+        &noise(1, 3 << 20),
+        0o644,
+        1_600_000_004,
+    );
+    let text: Vec<u8> = (0..20_000)
+        .flat_map(|i| format!("line {i}\n").into_bytes())
+        .collect();
+    write(&src.join("data/text.txt"), &text, 0o444, 1_600_000_005);
+    fs::create_dir_all(src.join("empty/nested-empty")).unwrap();
+    std::os::unix::fs::symlink("../README", src.join("data/link-to-readme")).unwrap();
+    std::os::unix::fs::symlink("/nonexistent/target", src.join("dangling")).unwrap();
+    fs::set_permissions(src.join("empty"), fs::Permissions::from_mode(0o700)).unwrap();
+    for d in ["empty/nested-empty", "empty", "bin", "data", ""] {
+        set_mtime(&src.join(d), 1_500_000_000, 42);
+    }
+}
+
+fn bytes_sent(j: &serde_json::Value) -> u64 {
+    j["socket_bytes_sent"].as_u64().unwrap()
+}
+
+#[test]
+fn a_tree_is_copied_exactly_then_updated_with_few_bytes() {
+    let dir = tempdir("copy");
+    let key = dir.join("key");
+    generate_key(&key);
+    let (src, root) = (dir.join("src"), dir.join("root"));
+    make_tree(&src);
+    let server = Server::start(&root, &key, &[]);
+
+    let first = send(&src, &server.dest("t"), &key, &[]);
+    assert_same_tree(&src, &root.join("t"));
+    assert_eq!(first["files_new"], 8, "{first}");
+
+    // A small edit, a deletion, a new file.
+    let mut big = fs::read(src.join("data/big.bin")).unwrap();
+    big[1_000_000..1_000_100].copy_from_slice(&[7; 100]);
+    write(&src.join("data/big.bin"), &big, 0o644, 1_700_000_000);
+    fs::remove_file(src.join("secret")).unwrap();
+    write(&src.join("bin/new"), b"new file", 0o700, 1_700_000_001);
+    set_mtime(&src.join("bin"), 1_700_000_002, 0);
+
+    // A dry run reports the changes and changes nothing.
+    let before = snapshot(&root.join("t"));
+    let out = send_cmd(&src, &server.dest("t"), &key, &["--dry-run"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let listed = String::from_utf8_lossy(&out.stdout);
+    for line in ["~ bin", "+ bin/new", "~ data/big.bin", "- secret"] {
+        assert!(
+            listed.lines().any(|l| l == line),
+            "{line:?} not in {listed}"
+        );
+    }
+    assert_eq!(
+        before,
+        snapshot(&root.join("t")),
+        "a dry run changed the tree"
+    );
+
+    let second = send(&src, &server.dest("t"), &key, &[]);
+    assert_same_tree(&src, &root.join("t"));
+    assert_eq!(
+        (
+            &second["files_new"],
+            &second["files_changed"],
+            &second["files_deleted"],
+            &second["files_unchanged"]
+        ),
+        (&1.into(), &1.into(), &1.into(), &6.into()),
+        "{second}"
+    );
+    assert!(
+        bytes_sent(&second) * 10 < bytes_sent(&first),
+        "second send {} bytes, first {}",
+        bytes_sent(&second),
+        bytes_sent(&first)
+    );
+
+    // Deleting everything but one file deletes on the receiver too.
+    for p in ["bin", "data", "empty"] {
+        fs::remove_dir_all(src.join(p)).unwrap();
+    }
+    send(&src, &server.dest("t"), &key, &[]);
+    assert_same_tree(&src, &root.join("t"));
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_wrong_key_is_refused_and_the_tree_untouched() {
+    let dir = tempdir("key");
+    let (key, other) = (dir.join("key"), dir.join("other"));
+    generate_key(&key);
+    generate_key(&other);
+    let (src, root) = (dir.join("src"), dir.join("root"));
+    make_tree(&src);
+    let server = Server::start(&root, &key, &[]);
+    send(&src, &server.dest("t"), &key, &[]);
+    let before = snapshot(&root.join("t"));
+
+    fs::remove_file(src.join("README")).unwrap();
+    let out = send_cmd(&src, &server.dest("t"), &other, &[])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("handshake"), "{}", stderr(&out));
+    assert_eq!(before, snapshot(&root.join("t")));
+
+    // The receiver still serves the right key.
+    send(&src, &server.dest("t"), &key, &[]);
+    assert_same_tree(&src, &root.join("t"));
+    let _ = fs::remove_dir_all(&dir);
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    fs::read_dir(dir)
+        .map(|r| {
+            r.filter_map(|d| d.ok()?.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_killed_sender_leaves_the_old_tree_and_a_rerun_resends_little() {
+    let dir = tempdir("kill");
+    let key = dir.join("key");
+    generate_key(&key);
+    let (src, root) = (dir.join("src"), dir.join("root"));
+    make_tree(&src);
+    let server = Server::start(&root, &key, &[]);
+    send(&src, &server.dest("t"), &key, &[]);
+    let old = snapshot(&root.join("t"));
+
+    const FILES: u64 = 6;
+    const SIZE: usize = 8 << 20;
+    let total = FILES * SIZE as u64;
+    for i in 0..FILES {
+        write(
+            &src.join(format!("new/{i}.bin")),
+            &noise(100 + i, SIZE),
+            0o644,
+            1_700_000_000,
+        );
+    }
+    let env = root.join(".dedupwire/env");
+    let env_before = dir_bytes(&env);
+    let mut sender = send_cmd(&src, &server.dest("t"), &key, &["--quiet"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut refused = None;
+    // The receiver keeps each chunk twice (the coarse chunk rebuilt from its finer pieces
+    // too), so this is about 70% of the data.
+    while dir_bytes(&env) < env_before + total * 14 / 10 {
+        assert!(Instant::now() < deadline, "the send made no progress");
+        assert!(
+            sender.try_wait().unwrap().is_none(),
+            "the send ended too soon"
+        );
+        if refused.is_none() && dir_bytes(&env) > env_before + (4 << 20) {
+            // Meanwhile, a second send of the same name is refused.
+            refused = Some(
+                send_cmd(&src, &server.dest("t"), &key, &[])
+                    .output()
+                    .unwrap(),
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    sender.kill().unwrap();
+    sender.wait().unwrap();
+    let refused = refused.expect("a second send was tried");
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("being received from another connection"),
+        "{}",
+        stderr(&refused)
+    );
+    assert_eq!(
+        old,
+        snapshot(&root.join("t")),
+        "not the old tree after the kill"
+    );
+
+    // The rerun may start while the server still notices the kill; retry while busy.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let rerun = loop {
+        let out = send_cmd(&src, &server.dest("t"), &key, &["--json", "-"])
+            .output()
+            .unwrap();
+        if out.status.success() {
+            break serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap();
+        }
+        assert!(
+            stderr(&out).contains("another connection") && Instant::now() < deadline,
+            "{}",
+            stderr(&out)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_same_tree(&src, &root.join("t"));
+    assert!(
+        bytes_sent(&rerun) < total / 2,
+        "the rerun sent {} bytes of {total}: it should skip the half that arrived: {rerun}",
+        bytes_sent(&rerun)
+    );
+    assert!(rerun["chunks"]["hit"].as_u64().unwrap() > 0, "{rerun}");
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// Unmounts when dropped.
+struct Mount(PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_on_the_receiver_is_a_clear_error_and_the_tree_stays() {
+    assert!(
+        is_root(),
+        "this test mounts a small tmpfs as the receiver's root and needs to run as root"
+    );
+    let dir = tempdir("full");
+    let key = dir.join("key");
+    generate_key(&key);
+    let (src, root) = (dir.join("src"), dir.join("root"));
+    fs::create_dir_all(&root).unwrap();
+    let status = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+        .arg(&root)
+        .status()
+        .unwrap();
+    assert!(status.success(), "mount -t tmpfs failed");
+    let _mount = Mount(root.clone());
+    make_tree(&src);
+    fs::remove_file(src.join("data/big.bin")).unwrap();
+    {
+        let server = Server::start(&root, &key, &["--env-size", "64MiB"]);
+        send(&src, &server.dest("t"), &key, &[]);
+        let old = snapshot(&root.join("t"));
+
+        write(
+            &src.join("huge.bin"),
+            &noise(9, 12 << 20),
+            0o644,
+            1_700_000_000,
+        );
+        let out = send_cmd(&src, &server.dest("t"), &key, &[])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        assert!(
+            stderr(&out).contains("No space left on device"),
+            "{}",
+            stderr(&out)
+        );
+        assert_eq!(old, snapshot(&root.join("t")), "not the old tree");
+        let staging = root.join(".dedupwire/staging");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while fs::read_dir(&staging).unwrap().count() > 0 {
+            assert!(Instant::now() < deadline, "staging not cleaned up");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let _ = fs::remove_dir_all(&src);
+}
+
+fn is_root() -> bool {
+    // The effective uid, as the kernel reports it for this process.
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}

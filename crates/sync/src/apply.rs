@@ -1,0 +1,647 @@
+//! The receiving end's trees: `ROOT/NAME` is replaced by a new version all at once, or not at
+//! all.
+//!
+//! A new version is built in a **staging** directory (`ROOT/.dedupwire/staging/<n>/`):
+//! directories and symlinks first, then each file — hard-linked from the current tree when
+//! its contents and metadata are unchanged (and that inode is not linked already), copied
+//! locally when its contents exist anywhere in the current tree, written from the sender's
+//! bytes otherwise. Each written file is checked against its BLAKE3 hash and gets its mode
+//! and mtime after its contents; directories get theirs deepest first, after their contents;
+//! then one `syncfs` makes it all durable. Then one `renameat2(RENAME_EXCHANGE)` swaps the staging
+//! directory with `ROOT/NAME` (a `RENAME_NOREPLACE` rename when NAME is new), and the old
+//! version, now at the staging path, is removed. Anything that fails before the swap leaves
+//! `ROOT/NAME` as it was; leftovers of a crash are removed at the next [`TreeRoot::open`].
+//!
+//! Nothing is ever written through a symlink: the manifest guarantees that every parent of
+//! an entry is a directory entry before it, staging is a fresh directory this end creates
+//! entry by entry, and files are created with `O_CREAT | O_EXCL | O_NOFOLLOW`.
+//!
+//! The manifest of each committed tree is cached in `ROOT/.dedupwire/trees/NAME` with the
+//! tree's inode, so the next send compares against it without reading the tree: a file is
+//! reused when its size and mtime still match the cache, and hashed again otherwise. A cache
+//! for another inode (the tree was replaced by hand) is ignored and the tree is scanned.
+//! Owners are not preserved: the receiver owns what it writes.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use rustix::fs::{AtFlags, OFlags, RenameFlags, Timespec, Timestamps, CWD, UTIME_OMIT};
+
+use crate::error::{io_at, Error, Result};
+use crate::manifest::{self, check_name, hash_file, mtime_ns, Entry, Kind, Manifest};
+
+/// The directory under ROOT this end keeps its state in (never a tree name).
+pub const STATE_DIR: &str = ".dedupwire";
+const CACHE_MAGIC: &[u8; 4] = b"DWTC";
+
+/// Checks that `name` may name a tree: one normal path component, not [`STATE_DIR`].
+pub fn check_tree_name(name: &[u8]) -> Result<()> {
+    check_name(name).map_err(|why| {
+        Error::Refused(format!(
+            "tree name {:?}: {why}; it must be one path component",
+            String::from_utf8_lossy(name)
+        ))
+    })?;
+    if name == STATE_DIR.as_bytes() {
+        return Err(Error::Refused(format!(
+            "tree name {STATE_DIR:?} is reserved for the receiver's state"
+        )));
+    }
+    Ok(())
+}
+
+/// The receiving directory: the trees in it, its staging area, the cached manifests, and
+/// which names are being received now.
+#[derive(Debug)]
+pub struct TreeRoot {
+    root: PathBuf,
+    state: PathBuf,
+    busy: Mutex<HashSet<Vec<u8>>>,
+    seq: AtomicU64,
+}
+
+/// Holds a tree name for one receive; dropping it frees the name.
+#[derive(Debug)]
+pub struct NameLock<'a> {
+    root: &'a TreeRoot,
+    name: Vec<u8>,
+}
+
+impl Drop for NameLock<'_> {
+    fn drop(&mut self) {
+        self.root
+            .busy
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.name);
+    }
+}
+
+/// Where each file of a new version comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Not a file, or an empty one: nothing to fetch.
+    Nothing,
+    /// The current tree's file at this old-manifest index has the contents.
+    Local(usize),
+    /// The sender must send the contents.
+    Sender,
+}
+
+fn timespec(ns: i64) -> Timespec {
+    Timespec {
+        tv_sec: ns.div_euclid(1_000_000_000),
+        tv_nsec: ns.rem_euclid(1_000_000_000) as _,
+    }
+}
+
+fn times(mtime_ns: i64) -> Timestamps {
+    Timestamps {
+        last_access: Timespec {
+            tv_sec: 0,
+            tv_nsec: UTIME_OMIT,
+        },
+        last_modification: timespec(mtime_ns),
+    }
+}
+
+fn set_mtime_at(path: &Path, mtime_ns: i64) -> Result<()> {
+    rustix::fs::utimensat(CWD, path, &times(mtime_ns), AtFlags::SYMLINK_NOFOLLOW)
+        .map_err(|e| io_at(path)(e.into()))
+}
+
+fn set_file_meta(f: &File, path: &Path, mode: u32, mtime_ns: i64) -> Result<()> {
+    f.set_permissions(fs::Permissions::from_mode(mode))
+        .map_err(io_at(path))?;
+    rustix::fs::futimens(f, &times(mtime_ns)).map_err(|e| io_at(path)(e.into()))
+}
+
+fn create_new(path: &Path) -> Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(OFlags::NOFOLLOW.bits() as i32)
+        .open(path)
+        .map_err(io_at(path))
+}
+
+fn sync_dir(path: &Path) -> Result<()> {
+    File::open(path)
+        .and_then(|d| d.sync_all())
+        .map_err(io_at(path))
+}
+
+/// Removes a tree even where its directories are read-only (never following a symlink).
+pub fn remove_tree(path: &Path) -> Result<()> {
+    let md = match fs::symlink_metadata(path) {
+        Ok(md) => md,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_at(path)(e)),
+    };
+    if !md.is_dir() {
+        return fs::remove_file(path).map_err(io_at(path));
+    }
+    if md.mode() & 0o700 != 0o700 {
+        let _ = fs::set_permissions(path, fs::Permissions::from_mode(0o700));
+    }
+    for d in fs::read_dir(path).map_err(io_at(path))? {
+        let d = d.map_err(io_at(path))?;
+        remove_tree(&d.path())?;
+    }
+    fs::remove_dir(path).map_err(io_at(path))
+}
+
+impl TreeRoot {
+    /// Opens (creating if needed) the receiving directory `root` and removes what an
+    /// interrupted receive left behind. One process per root: the caller holds a lock (the
+    /// chunk environment's, kept under [`TreeRoot::env_dir`]).
+    pub fn open(root: &Path) -> Result<TreeRoot> {
+        let state = root.join(STATE_DIR);
+        for d in ["staging", "trees", "trees.new"] {
+            let p = state.join(d);
+            fs::create_dir_all(&p).map_err(io_at(&p))?;
+        }
+        let t = TreeRoot {
+            root: root.to_path_buf(),
+            state,
+            busy: Mutex::default(),
+            seq: AtomicU64::new(0),
+        };
+        Ok(t)
+    }
+
+    /// Removes leftovers of interrupted receives: staging directories (a new version not
+    /// swapped in, or an old one not yet removed) and finishes a cache update cut short.
+    /// Call once at start-up, while holding the root's lock.
+    pub fn clean(&self) -> Result<()> {
+        let staging = self.state.join("staging");
+        for d in fs::read_dir(&staging).map_err(io_at(&staging))? {
+            remove_tree(&d.map_err(io_at(&staging))?.path())?;
+        }
+        let new = self.state.join("trees.new");
+        for d in fs::read_dir(&new).map_err(io_at(&new))? {
+            let d = d.map_err(io_at(&new))?;
+            let name = d.file_name();
+            let cache = d.path();
+            if self.cache_matches(&cache, name.as_bytes()) {
+                let dst = self.state.join("trees").join(&name);
+                fs::rename(&cache, &dst).map_err(io_at(&cache))?;
+            } else {
+                fs::remove_file(&cache).map_err(io_at(&cache))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Where the chunk environment lives: `ROOT/.dedupwire/env`.
+    pub fn env_dir(&self) -> PathBuf {
+        self.state.join("env")
+    }
+
+    /// The tree called `name`'s path.
+    pub fn tree_path(&self, name: &[u8]) -> PathBuf {
+        self.root.join(std::ffi::OsStr::from_bytes(name))
+    }
+
+    /// Reserves `name` for one receive; a second receive of the same name at once is refused.
+    pub fn lock(&self, name: &[u8]) -> Result<NameLock<'_>> {
+        check_tree_name(name)?;
+        let mut busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+        if !busy.insert(name.to_vec()) {
+            return Err(Error::Refused(format!(
+                "tree {:?} is being received from another connection right now; try again \
+                 when that send has finished",
+                String::from_utf8_lossy(name)
+            )));
+        }
+        Ok(NameLock {
+            root: self,
+            name: name.to_vec(),
+        })
+    }
+
+    fn tree_id(&self, name: &[u8]) -> Option<(u64, u64)> {
+        let md = fs::symlink_metadata(self.tree_path(name)).ok()?;
+        md.is_dir().then(|| (md.dev(), md.ino()))
+    }
+
+    fn read_cache(&self, path: &Path, name: &[u8]) -> Option<Manifest> {
+        let bytes = fs::read(path).ok()?;
+        let (head, body) = bytes.split_at_checked(20)?;
+        if &head[..4] != CACHE_MAGIC {
+            return None;
+        }
+        let dev = u64::from_le_bytes(head[4..12].try_into().ok()?);
+        let ino = u64::from_le_bytes(head[12..20].try_into().ok()?);
+        if self.tree_id(name)? != (dev, ino) {
+            return None;
+        }
+        Manifest::decode(body).ok()
+    }
+
+    fn cache_matches(&self, path: &Path, name: &[u8]) -> bool {
+        self.read_cache(path, name).is_some()
+    }
+
+    /// The manifest of the current tree `name`: cached, or scanned (hashing every file) when
+    /// there is no valid cache; empty when there is no such directory.
+    pub fn current(&self, name: &[u8]) -> Result<Manifest> {
+        let n = std::ffi::OsStr::from_bytes(name);
+        for dir in ["trees.new", "trees"] {
+            if let Some(m) = self.read_cache(&self.state.join(dir).join(n), name) {
+                return Ok(m);
+            }
+        }
+        if self.tree_id(name).is_none() {
+            return Ok(Manifest::default());
+        }
+        Ok(manifest::scan(&self.tree_path(name), &mut |_| {})?.manifest)
+    }
+
+    /// Where each entry of `new` comes from, given the current tree `old` of `name`: files
+    /// whose contents are somewhere in the current tree (checked by size and mtime against
+    /// the manifest, or by hash when those differ) are taken from there.
+    pub fn resolve(&self, name: &[u8], old: &Manifest, new: &Manifest) -> Vec<Source> {
+        let tree = self.tree_path(name);
+        let mut by_hash: HashMap<[u8; 32], Vec<usize>> = HashMap::new();
+        for (i, e) in old.entries.iter().enumerate() {
+            if let Kind::File { hash, size } = e.kind {
+                if size > 0 {
+                    by_hash.entry(hash).or_default().push(i);
+                }
+            }
+        }
+        let mut verified: HashMap<usize, bool> = HashMap::new();
+        let mut ok = |i: usize| -> bool {
+            *verified.entry(i).or_insert_with(|| {
+                let e = &old.entries[i];
+                let Kind::File { size, hash } = e.kind else {
+                    return false;
+                };
+                let path = tree.join(e.rel_path());
+                let Ok(md) = fs::symlink_metadata(&path) else {
+                    return false;
+                };
+                if !md.is_file() || md.len() != size {
+                    return false;
+                }
+                if mtime_ns(&md) == e.mtime_ns {
+                    return true;
+                }
+                matches!(hash_file(&path, &mut |_| {}), Ok((h, n)) if h == hash && n == size)
+            })
+        };
+        new.entries
+            .iter()
+            .map(|e| match e.kind {
+                Kind::File { size, hash } if size > 0 => by_hash
+                    .get(&hash)
+                    .and_then(|c| c.iter().copied().find(|&i| ok(i)))
+                    .map_or(Source::Sender, Source::Local),
+                _ => Source::Nothing,
+            })
+            .collect()
+    }
+
+    /// Builds everything of `new` that does not come from the sender in a fresh staging
+    /// directory; the sender's files are then written with [`Staging::write`].
+    pub fn begin<'a>(
+        &'a self,
+        lock: &NameLock<'a>,
+        old: &Manifest,
+        new: Manifest,
+        sources: &[Source],
+    ) -> Result<Staging<'a>> {
+        let n = self.seq.fetch_add(1, Ordering::Relaxed);
+        let dir = self
+            .state
+            .join("staging")
+            .join(format!("{}-{n}", std::process::id()));
+        fs::create_dir(&dir).map_err(io_at(&dir))?;
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(io_at(&dir))?;
+        let mut st = Staging {
+            root: self,
+            name: lock.name.clone(),
+            dir,
+            manifest: new,
+            needed: Vec::new(),
+            next: 0,
+            writer: None,
+            committed: false,
+        };
+        let tree = self.tree_path(&lock.name);
+        let mut linked: HashSet<u64> = HashSet::new();
+        for (i, e) in st.manifest.entries.iter().enumerate() {
+            let path = st.dir.join(e.rel_path());
+            match &e.kind {
+                Kind::Dir => {
+                    fs::create_dir(&path).map_err(io_at(&path))?;
+                    fs::set_permissions(&path, fs::Permissions::from_mode(0o700))
+                        .map_err(io_at(&path))?;
+                }
+                Kind::Symlink { target } => {
+                    std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(target), &path)
+                        .map_err(io_at(&path))?;
+                    set_mtime_at(&path, e.mtime_ns)?;
+                }
+                Kind::File { .. } => match sources[i] {
+                    Source::Nothing => {
+                        let f = create_new(&path)?;
+                        set_file_meta(&f, &path, e.mode, e.mtime_ns)?;
+                    }
+                    Source::Local(j) => {
+                        let from = tree.join(old.entries[j].rel_path());
+                        let md = fs::symlink_metadata(&from).map_err(io_at(&from))?;
+                        if md.mode() & manifest::MODE_MASK == e.mode
+                            && mtime_ns(&md) == e.mtime_ns
+                            && md.is_file()
+                            && linked.insert(md.ino())
+                        {
+                            fs::hard_link(&from, &path).map_err(io_at(&path))?;
+                        } else {
+                            copy_file(&from, &path, e)?;
+                        }
+                    }
+                    Source::Sender => st.needed.push(i),
+                },
+            }
+        }
+        Ok(st)
+    }
+}
+
+/// Copies a current file (checked by [`TreeRoot::resolve`]) into staging with new metadata:
+/// `copy_file_range` in the kernel (a reflink where the filesystem can).
+fn copy_file(from: &Path, to: &Path, e: &Entry) -> Result<()> {
+    let mut src = OpenOptions::new()
+        .read(true)
+        .custom_flags(OFlags::NOFOLLOW.bits() as i32)
+        .open(from)
+        .map_err(io_at(from))?;
+    let mut dst = create_new(to)?;
+    let n = io::copy(&mut src, &mut dst).map_err(io_at(to))?;
+    if n != e.size() {
+        return Err(Error::Mismatch(format!(
+            "{}: changed while being copied",
+            from.display()
+        )));
+    }
+    set_file_meta(&dst, to, e.mode, e.mtime_ns)
+}
+
+struct FileWriter {
+    index: usize,
+    path: PathBuf,
+    file: File,
+    hasher: blake3::Hasher,
+    written: u64,
+}
+
+/// A new version of a tree being built; dropped before [`Staging::commit`], it is removed and
+/// the current tree stays as it was.
+pub struct Staging<'a> {
+    root: &'a TreeRoot,
+    name: Vec<u8>,
+    dir: PathBuf,
+    manifest: Manifest,
+    needed: Vec<usize>,
+    next: usize,
+    writer: Option<FileWriter>,
+    committed: bool,
+}
+
+impl std::fmt::Debug for Staging<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Staging")
+            .field("dir", &self.dir)
+            .field("needed", &self.needed.len())
+            .field("next", &self.next)
+            .finish()
+    }
+}
+
+impl Drop for Staging<'_> {
+    fn drop(&mut self) {
+        if !self.committed {
+            self.writer = None;
+            let _ = remove_tree(&self.dir);
+        }
+    }
+}
+
+impl Staging<'_> {
+    /// The manifest indexes of the files whose contents the sender must send, in the order
+    /// it must send them.
+    pub fn needed(&self) -> &[usize] {
+        &self.needed
+    }
+
+    /// The next bytes of entry `index`: the file the sender is on, or the next needed one.
+    pub fn write(&mut self, index: usize, bytes: &[u8]) -> Result<()> {
+        if self.writer.as_ref().map(|w| w.index) != Some(index) {
+            if self.writer.is_some() {
+                return Err(Error::Protocol(format!(
+                    "contents for entry {index} while entry {} is incomplete",
+                    self.writer.as_ref().map_or(0, |w| w.index)
+                )));
+            }
+            if self.needed.get(self.next) != Some(&index) {
+                return Err(Error::Protocol(format!(
+                    "contents for entry {index}, which is not the next file needed"
+                )));
+            }
+            self.next += 1;
+            let path = self.dir.join(self.manifest.entries[index].rel_path());
+            let file = create_new(&path)?;
+            self.writer = Some(FileWriter {
+                index,
+                path,
+                file,
+                hasher: blake3::Hasher::new(),
+                written: 0,
+            });
+        }
+        let e = &self.manifest.entries[index];
+        let Kind::File { size, hash } = e.kind else {
+            unreachable!("only files are needed")
+        };
+        let w = self.writer.as_mut().expect("opened above");
+        if w.written + bytes.len() as u64 > size {
+            return Err(Error::Protocol(format!(
+                "more bytes than the {size} of {}",
+                e.display()
+            )));
+        }
+        w.file.write_all(bytes).map_err(io_at(&w.path))?;
+        w.hasher.update(bytes);
+        w.written += bytes.len() as u64;
+        if w.written == size {
+            let w = self.writer.take().expect("present");
+            if *w.hasher.finalize().as_bytes() != hash {
+                return Err(Error::Mismatch(format!(
+                    "{}: the contents received do not match the manifest's hash",
+                    e.display()
+                )));
+            }
+            set_file_meta(&w.file, &w.path, e.mode, e.mtime_ns)?;
+        }
+        Ok(())
+    }
+
+    /// Finishes the new version (directory metadata, fsync), swaps it in atomically and
+    /// removes the old one.
+    pub fn commit(mut self) -> Result<()> {
+        if self.writer.is_some() || self.next != self.needed.len() {
+            return Err(Error::Protocol(format!(
+                "commit with {} of {} needed files complete",
+                self.next - usize::from(self.writer.is_some()),
+                self.needed.len()
+            )));
+        }
+        for e in self.manifest.entries.iter().rev() {
+            if e.kind == Kind::Dir {
+                let path = self.dir.join(e.rel_path());
+                fs::set_permissions(&path, fs::Permissions::from_mode(e.mode))
+                    .map_err(io_at(&path))?;
+                set_mtime_at(&path, e.mtime_ns)?;
+            }
+        }
+        fs::set_permissions(
+            &self.dir,
+            fs::Permissions::from_mode(self.manifest.root_mode),
+        )
+        .map_err(io_at(&self.dir))?;
+        set_mtime_at(&self.dir, self.manifest.root_mtime_ns)?;
+        // One syncfs makes every file and directory of the new version durable: far cheaper
+        // than an fsync per file on trees of many small files.
+        let d = File::open(&self.dir).map_err(io_at(&self.dir))?;
+        rustix::fs::syncfs(&d).map_err(|e| io_at(&self.dir)(e.into()))?;
+        drop(d);
+
+        // The cache for the new tree, keyed by its inode, before the swap: after a crash the
+        // one matching the tree in place is the right one.
+        let md = fs::symlink_metadata(&self.dir).map_err(io_at(&self.dir))?;
+        let mut cache = CACHE_MAGIC.to_vec();
+        cache.extend_from_slice(&md.dev().to_le_bytes());
+        cache.extend_from_slice(&md.ino().to_le_bytes());
+        cache.extend_from_slice(&self.manifest.encode());
+        let name = std::ffi::OsStr::from_bytes(&self.name);
+        let new_cache = self.root.state.join("trees.new").join(name);
+        let mut f = File::create(&new_cache).map_err(io_at(&new_cache))?;
+        f.write_all(&cache)
+            .and_then(|_| f.sync_all())
+            .map_err(io_at(&new_cache))?;
+        drop(f);
+
+        let target = self.root.tree_path(&self.name);
+        let exists = fs::symlink_metadata(&target).is_ok();
+        let flags = if exists {
+            RenameFlags::EXCHANGE
+        } else {
+            RenameFlags::NOREPLACE
+        };
+        if let Err(e) = rustix::fs::renameat_with(CWD, &self.dir, CWD, &target, flags) {
+            let _ = fs::remove_file(&new_cache);
+            return Err(io_at(&target)(e.into()));
+        }
+        self.committed = true;
+        sync_dir(&self.root.root)?;
+        let cache_path = self.root.state.join("trees").join(name);
+        fs::rename(&new_cache, &cache_path).map_err(io_at(&cache_path))?;
+        sync_dir(&self.root.state.join("trees"))?;
+        if exists {
+            // The old version, now at the staging path.
+            remove_tree(&self.dir)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_tree(dir: &Path, files: &[(&str, &[u8])]) {
+        fs::create_dir_all(dir).unwrap();
+        for (p, c) in files {
+            let path = dir.join(p);
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(path, c).unwrap();
+        }
+    }
+
+    fn receive(root: &TreeRoot, name: &[u8], src: &Path) -> usize {
+        let new = manifest::scan(src, &mut |_| {}).unwrap().manifest;
+        let lock = root.lock(name).unwrap();
+        let old = root.current(name).unwrap();
+        let sources = root.resolve(name, &old, &new);
+        let mut st = root.begin(&lock, &old, new.clone(), &sources).unwrap();
+        let needed = st.needed().to_vec();
+        for &i in &needed {
+            let data = fs::read(src.join(new.entries[i].rel_path())).unwrap();
+            for piece in data.chunks(3) {
+                st.write(i, piece).unwrap();
+            }
+        }
+        st.commit().unwrap();
+        needed.len()
+    }
+
+    #[test]
+    fn a_tree_is_received_then_updated_with_only_new_contents_fetched() {
+        let t = tempfile::tempdir().unwrap();
+        let src = t.path().join("src");
+        write_tree(&src, &[("a", b"alpha"), ("d/b", b"beta"), ("d/e", b"")]);
+        let root = TreeRoot::open(&t.path().join("root")).unwrap();
+        assert_eq!(receive(&root, b"t", &src), 2);
+        let got = manifest::scan(&root.tree_path(b"t"), &mut |_| {}).unwrap();
+        let want = manifest::scan(&src, &mut |_| {}).unwrap();
+        assert_eq!(got.manifest, want.manifest);
+
+        fs::rename(src.join("d/b"), src.join("moved")).unwrap();
+        fs::write(src.join("a"), b"alpha2").unwrap();
+        assert_eq!(receive(&root, b"t", &src), 1, "only `a` travels");
+        let got = manifest::scan(&root.tree_path(b"t"), &mut |_| {}).unwrap();
+        let want = manifest::scan(&src, &mut |_| {}).unwrap();
+        assert_eq!(got.manifest, want.manifest);
+        assert_eq!(fs::read_dir(root.state.join("staging")).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_failed_receive_leaves_the_tree_alone() {
+        let t = tempfile::tempdir().unwrap();
+        let src = t.path().join("src");
+        write_tree(&src, &[("a", b"alpha")]);
+        let root = TreeRoot::open(&t.path().join("root")).unwrap();
+        receive(&root, b"t", &src);
+        let before = manifest::scan(&root.tree_path(b"t"), &mut |_| {}).unwrap();
+        fs::write(src.join("a"), b"other").unwrap();
+        let new = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
+        let lock = root.lock(b"t").unwrap();
+        assert!(root.lock(b"t").is_err(), "one receive per name at a time");
+        let old = root.current(b"t").unwrap();
+        let sources = root.resolve(b"t", &old, &new);
+        let mut st = root.begin(&lock, &old, new, &sources).unwrap();
+        let i = st.needed()[0];
+        assert!(matches!(st.write(i, b"wrong"), Err(Error::Mismatch(_))));
+        drop(st);
+        let after = manifest::scan(&root.tree_path(b"t"), &mut |_| {}).unwrap();
+        assert_eq!(before.manifest, after.manifest);
+        assert_eq!(fs::read_dir(root.state.join("staging")).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn tree_names_must_be_one_component() {
+        for bad in [&b""[..], b".", b"..", b"a/b", b"/a", b".dedupwire", b"a\0"] {
+            assert!(check_tree_name(bad).is_err(), "{bad:?}");
+        }
+        check_tree_name(b"django-4.2").unwrap();
+    }
+}
