@@ -20,14 +20,16 @@
 #   tar|nc        tar --sort=name | nc, plain TCP, extracted by the receiver
 #   tar|zstd      the same through zstd -3 / zstd -d
 #   rsync -z      rsync -az --no-whole-file --delete onto release i-1's tree (rsync daemon)
-#   dedupwire-*   the channel (`dedupwire-bench channel-send/-recv`), the tar as one message,
-#                 plain frames (no encryption), per mode in MODES (default: adaptive dedup);
-#                 the receiver's chunk Environment holds every release it received before
+#   dedupwire-*   the channel (`dedupwire-bench channel-send/-recv`), the tar as one message
+#                 on a new connection per release, plain frames (no encryption), per mode in
+#                 MODES (default: adaptive dedup); the receiver's chunk Environment holds every
+#                 release it received before; the receiver writes the message out and extracts
+#                 it (in the timed span, after receiving: not streamed)
 #   dedupwire-send  `dedupwire send/serve` on the trees, when the binary has them (see below)
 # Bytes: the sender's veth counters (tx + rx bytes of dw-snd's interface: both directions,
 # Ethernet/IP/TCP headers and retransmissions included, offload packets counted as the kernel
 # handed them to the veth). Seconds: wall time from starting the sender until the receiver
-# has finished (extracted / verified). Slow links take fewer transfers (MAX_11, MAX_3
+# has finished (extracted; receiving files in tmpfs). Slow links take fewer transfers (MAX_11, MAX_3
 # transfers per series at 11 and 3 Mbit/s, default 2 and 1) and only SLOW_WORKLOADS at
 # 3 Mbit/s (default: crates npm). Tables on stdout, JSON in target/bench-out/links.json.
 set -euo pipefail
@@ -50,14 +52,17 @@ for t in nc rsync zstd; do
   command -v $t >/dev/null || { apt-get update -qq && apt-get install -y -qq netcat-openbsd rsync zstd >/dev/null; }
 done
 [ -x "$bench" ] || cargo build --release -q -p dedupwire-bench
-work=$(mktemp -d "$root/target/links.XXXX")
+# The receiving side's files (extracted trees, rsync's tree, environments) live in tmpfs so
+# that every peer's time is link and CPU, not this shared machine's disk.
+work=$(mktemp -d "${TMPDIR_LINKS:-/dev/shm}/dw-links.XXXX")
 results=$work/results.jsonl
 SND=10.77.0.1 RCV=10.77.0.2
 pids=()
 teardown() {
+  local p ns
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   pids=()
-  for n in dw-snd dw-rcv dw-wan; do ip netns del $n 2>/dev/null || true; done
+  for ns in dw-snd dw-rcv dw-wan; do ip netns del $ns 2>/dev/null || true; done
 }
 trap 'teardown; rm -rf "$work"' EXIT
 in_snd() { ip netns exec dw-snd "$@"; }
@@ -66,10 +71,11 @@ in_rcv() { ip netns exec dw-rcv "$@"; }
 # link MBIT: the two namespaces, joined directly (0) or through the shaped WAN.
 link() {
   teardown
-  for n in dw-snd dw-rcv; do
-    ip netns add $n
-    ip -n $n link set lo up
-    ip netns exec $n sysctl -qw net.ipv6.conf.all.disable_ipv6=1
+  local ns
+  for ns in dw-snd dw-rcv; do
+    ip netns add $ns
+    ip -n $ns link set lo up
+    ip netns exec $ns sysctl -qw net.ipv6.conf.all.disable_ipv6=1
   done
   if [ "$1" = 0 ]; then
     ip link add s0 netns dw-snd type veth peer name r0 netns dw-rcv
@@ -124,11 +130,12 @@ run() {
     binary) dir=$data/links/wheel-pyarrow ;;
   esac
   [ ${#releases[@]} -gt 0 ] || mapfile -t releases < <(ls -d "$dir"/*/ | sed 's:/$::' | sort -V)
-  local n=${#releases[@]} max=$n
+  local n=${#releases[@]} max
+  max=$n
   [ "$mbit" = 11 ] && max=$((MAX_11 + 1))
   [ "$mbit" = 3 ] && max=$((MAX_3 + 1))
   [ "$max" -lt "$n" ] && n=$max
-  echo "# link ${mbit/#0/unshaped} Mbit/s, $wl: $(basename "${releases[0]}") then $((n - 1)) transfers"
+  echo "# link $([ "$mbit" = 0 ] && echo unshaped || echo "$mbit Mbit/s"), $wl: $(basename "${releases[0]}") then $((n - 1)) transfers"
   local port=7000 r=$work/rcv
   rm -rf "$r"; mkdir -p "$r/rsync" "$r/env" "$r/root"
   # The receiver holds the first release: rsync's tree, each channel mode's environment
@@ -176,7 +183,8 @@ run() {
     record "$mbit" "$wl" "$rel" "rsync -z" $(($(wire) - b0)) "$t0" "$(now)" "$size"
     # the dedup channel, each mode with its own environment
     for m in $MODES; do
-      in_rcv "$bench" channel-recv --listen "$RCV:$port" --env "$r/env/$m" --mode "$m" --ready "$r/ready" &
+      rm -rf "$r/x" "$r/msg"; mkdir -p "$r/x" "$r/msg"
+      in_rcv sh -c "'$bench' channel-recv --listen $RCV:$port --env '$r/env/$m' --mode $m --ready '$r/ready' --out '$r/msg' && tar -xf '$r/msg/msg-0' -C '$r/x'" &
       p=$!
       until [ -e "$r/ready" ]; do sleep 0.05; done; rm -f "$r/ready"
       b0=$(wire); t0=$(now)
