@@ -3,11 +3,11 @@
 # target/bench-results/. The machine is shared and noisy: each figure is a median of runs.
 #   bench/run.sh                 all benchmarks
 #   bench/run.sh chunking delta  some of them (chunking, delta, reduction, analyze, analyze-images,
-#                                replicate, env, secure, channel)
+#                                replicate, env, secure, channel, links)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=("$@")
-[ ${#which[@]} -gt 0 ] || which=(chunking delta reduction analyze analyze-images replicate env secure channel)
+[ ${#which[@]} -gt 0 ] || which=(chunking delta reduction analyze analyze-images replicate env secure channel links)
 command -v xdelta3 >/dev/null || { apt-get update -qq && apt-get install -y -qq xdelta3 >/dev/null; }
 data=$(bash bench/fetch-data.sh | tail -n 1)
 cargo build --release -q -p dedupwire-bench -p dedupwire-cli
@@ -44,6 +44,14 @@ for b in "${which[@]}"; do
       "$bench" channel "$data/tars" --modes dedup,adaptive --link-mbps 100 --json "$out/channel-100mbit.json"
       echo "rsync -z, tars:"; bash bench/rsync-releases.sh tar "$data"/tars/Django-*.tar
       echo "rsync -z, unpacked trees:"; bash bench/rsync-releases.sh tree "$data"/pkgs/django-*
+      ;;
+    links)
+      # Shaped links (issue 3): releases moved between two network namespaces over tc-shaped
+      # veths (unshaped, 30, 11, 3 Mbit/s, 20 ms each way), dedupwire beside tar | nc,
+      # tar | zstd and rsync -z; bytes on the wire both ways and wall time. Needs root.
+      # Tables on stdout, JSON in target/bench-out/links.json. See bench/links.sh.
+      LINKS=1 bash bench/fetch-data.sh >/dev/null
+      bash bench/links.sh
       ;;
     analyze)
       # End-to-end analysis speed (every method, both scopes) beside reading the same files:

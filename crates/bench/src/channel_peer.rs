@@ -1,0 +1,156 @@
+//! The dedup channel as two separate processes, for the shaped-link benchmark
+//! (`bench/links.sh`), where sender and receiver live in different network namespaces.
+//!
+//! `channel-recv` listens, accepts `--connections` connections one after the other and
+//! receives every message on each, keeping chunks in a persistent [`Environment`] (`--env`),
+//! so a series sent in several runs dedups against everything received before, as a real
+//! receiver that already holds the previous release does. `channel-send` connects and sends
+//! each input as one message (`-` is standard input, read to its end first), then writes its
+//! socket counts and channel statistics as JSON. Both ends use plain frames (no encryption):
+//! the benchmark is about bytes and link time, and encryption costs about 1 CPU-second per GB.
+
+use std::io::Read;
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use dedupwire_wire::channel::Role;
+use dedupwire_wire::{
+    ChannelConfig, ChunkStore, DedupStream, EnvConfig, Environment, MemoryStore, Mode,
+};
+use serde_json::json;
+
+/// Options of the receiving end.
+#[derive(clap::Args)]
+pub struct RecvArgs {
+    /// Address to listen on (IP:PORT).
+    #[arg(long)]
+    listen: String,
+    /// The receiver's persistent chunk environment (a directory, created if needed).
+    #[arg(long)]
+    env: PathBuf,
+    /// Channel mode (dedup, adaptive, plain); both ends must agree.
+    #[arg(long, default_value = "adaptive")]
+    mode: String,
+    /// Connections to serve, one after the other, before exiting.
+    #[arg(long, default_value_t = 1)]
+    connections: usize,
+    /// Write each received message to DIR/msg-<n> (default: verify it and drop it).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Create this file once listening (for scripts waiting for the port).
+    #[arg(long)]
+    ready: Option<PathBuf>,
+}
+
+/// Options of the sending end.
+#[derive(clap::Args)]
+pub struct SendArgs {
+    /// Address of a `channel-recv` (IP:PORT).
+    #[arg(long)]
+    connect: String,
+    /// Files to send, each one message; `-` is standard input.
+    #[arg(required = true)]
+    inputs: Vec<PathBuf>,
+    /// Channel mode (dedup, adaptive, plain); both ends must agree.
+    #[arg(long, default_value = "adaptive")]
+    mode: String,
+    /// Write socket bytes, seconds and channel statistics as JSON to FILE.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn config(mode: &str) -> Result<ChannelConfig> {
+    let mode = match mode {
+        "dedup" => Mode::Dedup,
+        "adaptive" => Mode::Adaptive,
+        "plain" => Mode::Plain,
+        other => bail!("unknown mode {other:?} (dedup, adaptive, plain)"),
+    };
+    Ok(ChannelConfig {
+        mode,
+        ..ChannelConfig::default()
+    })
+}
+
+/// Receives until `--connections` peers have sent everything and closed.
+pub fn recv(args: &RecvArgs) -> Result<()> {
+    let config = config(&args.mode)?;
+    let env = Arc::new(
+        Environment::open(&args.env, EnvConfig::default())
+            .with_context(|| format!("environment {}", args.env.display()))?,
+    );
+    let listener =
+        TcpListener::bind(&args.listen).with_context(|| format!("listen on {}", args.listen))?;
+    if let Some(r) = &args.ready {
+        std::fs::write(r, b"")?;
+    }
+    let mut n = 0usize;
+    for _ in 0..args.connections {
+        let (s, _) = listener.accept()?;
+        s.set_nodelay(true)?;
+        let store: Arc<dyn ChunkStore> = env.clone();
+        let mut ch = DedupStream::new(s, store, config.clone(), Role::Accept)?;
+        loop {
+            match ch.recv() {
+                Ok(m) => {
+                    if let Some(dir) = &args.out {
+                        std::fs::write(dir.join(format!("msg-{n}")), &m)?;
+                    }
+                    n += 1;
+                }
+                Err(e) if e.is_peer_closed() => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    env.sync()?;
+    Ok(())
+}
+
+/// Sends every input as one message and reports what crossed the socket.
+pub fn send(args: &SendArgs) -> Result<()> {
+    let config = config(&args.mode)?;
+    let t0 = Instant::now();
+    let s = TcpStream::connect(&args.connect)
+        .with_context(|| format!("connect to {}", args.connect))?;
+    s.set_nodelay(true)?;
+    let mut ch = DedupStream::new(s, Arc::new(MemoryStore::new()), config, Role::Connect)?;
+    let mut messages = Vec::new();
+    for p in &args.inputs {
+        let data = if p.as_os_str() == "-" {
+            let mut d = Vec::new();
+            std::io::stdin().read_to_end(&mut d)?;
+            d
+        } else {
+            std::fs::read(p).with_context(|| p.display().to_string())?
+        };
+        let t = Instant::now();
+        ch.send(&data)?;
+        messages.push(
+            json!({"input": p, "bytes": data.len(), "send_seconds": t.elapsed().as_secs_f64()}),
+        );
+    }
+    let st = ch.stats();
+    ch.close()?;
+    let j = json!({
+        "mode": args.mode,
+        "messages": messages,
+        "socket_bytes_sent": st.socket_bytes_sent,
+        "socket_bytes_received": st.socket_bytes_received,
+        "seconds": t0.elapsed().as_secs_f64(),
+        "segments_dedup": st.segments_dedup,
+        "segments_plain": st.segments_plain,
+        "chunks_hit": st.chunks_hit,
+        "chunks_delta": st.chunks_delta,
+        "chunks_literal": st.chunks_literal,
+        "round_trips": st.round_trips,
+    });
+    match &args.json {
+        Some(path) => std::fs::write(path, serde_json::to_string_pretty(&j)?)?,
+        None => println!("{j}"),
+    }
+    Ok(())
+}
