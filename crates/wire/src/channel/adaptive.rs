@@ -1,28 +1,36 @@
-//! The adaptive mode: per segment, dedup or plain, whichever costs the sender less time per
-//! message byte on this connection.
+//! The adaptive mode: per segment, dedup or plain, whichever moves message bytes faster on
+//! this connection.
 //!
-//! The cost of a segment is the time the sender spends on it: CPU (chunking, hashing,
-//! similarity, deltas, compression) and socket writes, which block for as long as the link
-//! (or the receiver) takes to drain them, so a slow link shows up as write time and a fast one
-//! does not. A dedup segment also pays its round trips: the shortest request-to-answer time
-//! seen, per level asked, divided by the window (segments in flight overlap their waits).
-//! Waiting for acknowledgements is not counted: it is the other end's work, or the link's,
-//! already charged through the writes. Per way, bytes and seconds are summed, every sum decaying
-//! by `KEEP` (0.75) per segment acknowledged (either way), and the estimate is their ratio:
-//! a probe after a long streak the other way counts almost alone. Until both ways have a sample,
-//! segments alternate, dedup first; after that dedup is used unless plain is
-//! [`PLAIN_MARGIN`] times faster, and the other way is probed every [`PROBE_EVERY`] segments,
-//! so a change in link speed or redundancy is noticed.
+//! Per way, decayed sums (each decays by `KEEP`, 0.75, per segment acknowledged either way,
+//! so a probe after a long streak the other way counts almost alone) of message bytes, the
+//! sender's CPU time (chunking, hashing, similarity, deltas, compression; a dedup segment also
+//! pays its round trips: the shortest request-to-answer time, per level asked, divided by the
+//! window) and the wire bytes its frames took. Segments are pipelined, so a way's pace is set
+//! by the slower of its CPU time and its wire bytes over the link's rate. The link's rate is
+//! the delivery rate of the last acknowledged segments (wire bytes per second of
+//! acknowledgements), which socket buffers cannot hide the way they hide blocked writes; it
+//! counts only while the sender has spent a good share of its time waiting for the other end
+//! and the receiver reports having been idle through it (otherwise the acknowledgements
+//! follow the sender's own pace, or the receiver's). Until both ways have a sample and the
+//! link's rate is known, segments alternate, dedup first; after that dedup is used unless
+//! plain is [`PLAIN_MARGIN`] times faster, and the other way is probed every [`PROBE_EVERY`]
+//! segments, so a change in link speed or redundancy is noticed; the interval doubles (to
+//! [`PROBE_EVERY_MAX`]) while probes confirm the choice, except that dedup is probed every
+//! other segment while plain is chosen on a link-bound connection, where a probe is nearly free.
+//!
+//! Plain segments' zstd level adapts too: it steps down towards zstd's fast levels while the
+//! sender hardly waits for the other end (its CPU is the bottleneck) and back up when it
+//! mostly waits.
 //!
 //! A plain segment teaches the sender nothing about what the receiver holds, so a dedup probe
-//! after a plain streak would find no delta bases and look worse than it is. When plain
-//! segments spend most of their time blocked in writes and the receiver reports (in its ACKs)
-//! having been busy for much less than that (so the link is the bottleneck), the
-//! sender indexes their chunks as a dedup segment would, which then costs no time, and flags
-//! them KEEP so that the receiver keeps their chunks too; otherwise neither end spends
-//! anything beyond compression on a plain segment.
+//! after a plain streak would find no delta bases and look worse than it is. While the link
+//! bounds plain sending (and until the link's rate is known), the sender indexes plain
+//! segments' chunks as a dedup segment would, which then costs no time, and flags them KEEP
+//! so that the receiver keeps their chunks too; otherwise neither end spends anything beyond
+//! compression on a plain segment.
 
-use std::time::Duration;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use dedupwire_engine::compress::Compression;
 
@@ -35,28 +43,34 @@ use super::config::Mode;
 pub const PROBE_EVERY: u64 = 8;
 /// The longest interval between probes, in segments.
 pub const PROBE_EVERY_MAX: u64 = 64;
+/// The interval between dedup probes while plain is chosen and the link bounds it: a dedup
+/// segment then costs CPU time the link's draining hides, and saves the link all it finds.
+const LINK_BOUND_PROBE_EVERY: u64 = 2;
 /// Plain is chosen only when it is this much faster than dedup: a dedup segment also leaves
 /// its chunks indexed on both ends for later messages, which a plain one does not (the
 /// receiver keeps its chunks, but the sender learns nothing to find delta bases in it).
 pub const PLAIN_MARGIN: f64 = 1.5;
-/// Plain segments count as link-bound when this share of their time is spent blocked in
-/// writes. A receiver slower than the sender blocks writes too, and keeping chunks would slow
-/// it further, hence well above half.
+/// Plain segments count as link-bound when the sender spends this share of its time waiting
+/// for the other end (blocked writes, or a full window). A receiver slower than the sender
+/// makes it wait too, and keeping chunks would slow it further, hence well above half.
 const LINK_BOUND: f64 = 0.75;
-/// Writes blocked for less than this multiple of the receiver's reported busy time are taken
-/// as the link's doing, not the receiver's.
+/// Waits longer than the receiver's reported busy time over this are taken as the link's
+/// doing, not the receiver's.
 const RECEIVER_BOUND: f64 = 0.5;
+/// The link's delivery rate limits the estimates only when the sender spent more than this
+/// share of its time waiting for the other end, and the receiver was not what it waited for.
+const LINK_LIMITS: f64 = 0.25;
 /// How much of the past each new sample keeps in the decayed sums.
 const KEEP: f64 = 0.75;
 /// The faster zstd levels plain segments step down to, in order, when the sender's CPU and
 /// not the link bounds them (zstd's own `--adapt` does the same): on a fast link, bytes
 /// saved by a strong level cost more time to make than they take to send.
 const FAST_LEVELS: [i32; 4] = [1, -1, -3, -7];
-/// Plain segments step to a faster level when less than this share of their time was spent
-/// blocked in writes (the link waited for the compressor)...
+/// Plain segments step to a faster level when the sender spends less than this share of its
+/// time waiting for the other end (the link waits for the compressor)...
 const CPU_BOUND: f64 = 0.2;
-/// ...and back to a stronger one when more than this share was (the compressor waited for
-/// the link); in between the level stays, so it does not swing segment by segment.
+/// ...and back to a stronger one above this share (the compressor waits for the link); in
+/// between the level stays, so it does not swing segment by segment.
 const WRITE_BOUND: f64 = 0.5;
 
 /// How one segment travels.
@@ -66,12 +80,50 @@ pub(crate) enum Way {
     Plain,
 }
 
+/// What one acknowledged segment cost the sender.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Cost {
+    /// Message bytes it carried.
+    pub(crate) bytes: usize,
+    /// Sender time spent on it, blocked writes excluded.
+    pub(crate) cpu: Duration,
+    /// Bytes of frames it put on the socket.
+    pub(crate) wire: u64,
+    /// Request/answer exchanges it took.
+    pub(crate) round_trips: u32,
+}
+
+/// Decayed sums of what one way's segments cost.
+#[derive(Debug, Clone, Copy, Default)]
+struct Sums {
+    bytes: f64,
+    /// CPU seconds plus the round trips' share of waiting.
+    secs: f64,
+    wire: f64,
+}
+
+impl Sums {
+    fn decay(&mut self) {
+        self.bytes *= KEEP;
+        self.secs *= KEEP;
+        self.wire *= KEEP;
+    }
+
+    /// Message bytes per second: the sender's work and the link's draining of the wire
+    /// bytes overlap (segments are pipelined), so the slower of the two sets the pace.
+    fn rate(&self, link: f64) -> f64 {
+        self.bytes / self.secs.max(self.wire / link).max(1e-9)
+    }
+}
+
+/// Acknowledgements kept to estimate the link's delivery rate.
+const DELIVERIES: usize = 8;
+
 #[derive(Debug)]
 pub(crate) struct Adaptive {
     mode: Mode,
-    /// Decayed sums of (message bytes, seconds) per way.
-    dedup: Option<(f64, f64)>,
-    plain: Option<(f64, f64)>,
+    dedup: Option<Sums>,
+    plain: Option<Sums>,
     segments: u64,
     /// The current interval between probes, segments since the last one, and the way last
     /// chosen as the best.
@@ -79,11 +131,15 @@ pub(crate) struct Adaptive {
     since_probe: u64,
     best: Option<Way>,
     rtt: Option<Duration>,
-    /// Share of a plain segment's time spent blocked in socket writes (a moving average).
-    write_share: f64,
-    /// The receiver's busy time over the sender's blocked writes, for plain segments (a
-    /// moving average): near or above 1, the receiver, not the link, blocks the writes.
-    receiver_share: f64,
+    /// When recent segments were acknowledged and their wire bytes: the rate at which the
+    /// link (and the receiver behind it) takes bytes, which socket buffers hide from writes.
+    deliveries: VecDeque<(Instant, u64)>,
+    /// Decayed seconds of the sender's time within `send`, and of those spent waiting for
+    /// the other end: blocked in writes, or reading while the window was full.
+    total: f64,
+    down: f64,
+    /// Decayed seconds the receiver reported busy with what it was sent.
+    receiver: f64,
     /// The zstd levels plain segments may use, the configured one first; empty when the
     /// level does not adapt (another method, or a mode other than adaptive).
     ladder: Vec<i32>,
@@ -108,8 +164,10 @@ impl Adaptive {
             since_probe: 0,
             best: None,
             rtt: None,
-            write_share: 0.0,
-            receiver_share: 0.0,
+            deliveries: VecDeque::with_capacity(DELIVERIES + 1),
+            total: 0.0,
+            down: 0.0,
+            receiver: 0.0,
             ladder,
             rung: 0,
         }
@@ -120,17 +178,43 @@ impl Adaptive {
         self.ladder.get(self.rung).copied()
     }
 
+    /// Bytes per second the link has been taking, once enough segments were acknowledged.
+    fn link_rate(&self) -> Option<f64> {
+        let (first, last) = (self.deliveries.front()?, self.deliveries.back()?);
+        let span = last.0.duration_since(first.0).as_secs_f64();
+        if self.deliveries.len() < 3 || span < 1e-3 {
+            return None;
+        }
+        let bytes: u64 = self.deliveries.iter().skip(1).map(|d| d.1).sum();
+        Some(bytes as f64 / span)
+    }
+
+    /// `link` where the sender has been waiting for the other end; elsewhere the rate at
+    /// which segments were acknowledged is the sender's own pace (which, for dedup segments,
+    /// puts few bytes on the wire), not a limit, and no link limit applies.
+    fn limiting(&self, link: f64) -> f64 {
+        if self.down_share() > LINK_LIMITS && self.receiver < RECEIVER_BOUND * self.down {
+            link
+        } else {
+            f64::INFINITY
+        }
+    }
+
+    /// The share of the sender's time spent waiting for the other end.
+    fn down_share(&self) -> f64 {
+        self.down / self.total.max(1e-9)
+    }
+
     /// How the next segment travels.
     pub(crate) fn choose(&mut self) -> Way {
         self.segments += 1;
         match self.mode {
             Mode::Dedup => Way::Dedup,
             Mode::Plain => Way::Plain,
-            Mode::Adaptive => match (rate(self.dedup), rate(self.plain)) {
-                (None, _) | (_, None) if self.segments % 2 == 1 => Way::Dedup,
-                (None, _) | (_, None) => Way::Plain,
-                (Some(d), Some(p)) => {
-                    let best = if p > d * PLAIN_MARGIN {
+            Mode::Adaptive => match (self.dedup, self.plain, self.link_rate()) {
+                (Some(d), Some(p), Some(link)) => {
+                    let link = self.limiting(link);
+                    let best = if p.rate(link) > d.rate(link) * PLAIN_MARGIN {
                         Way::Plain
                     } else {
                         Way::Dedup
@@ -146,7 +230,12 @@ impl Adaptive {
                         self.since_probe = 0;
                     }
                     self.since_probe += 1;
-                    if self.since_probe >= self.probe_every {
+                    let every = if best == Way::Plain && self.link_bound() {
+                        LINK_BOUND_PROBE_EVERY
+                    } else {
+                        self.probe_every
+                    };
+                    if self.since_probe >= every {
                         self.since_probe = 0;
                         self.probe_every = (self.probe_every * 2).min(PROBE_EVERY_MAX);
                         other
@@ -154,30 +243,28 @@ impl Adaptive {
                         best
                     }
                 }
+                _ if self.segments % 2 == 1 => Way::Dedup,
+                _ => Way::Plain,
             },
         }
     }
 
-    /// A plain segment spent `writes` of its `busy` time writing to the socket, and the
-    /// receiver reported `receiver` busy time with its acknowledgement.
-    pub(crate) fn plain_sample(&mut self, writes: Duration, busy: Duration, receiver: Duration) {
-        let share = writes.as_secs_f64() / busy.as_secs_f64().max(1e-9);
-        self.write_share = 0.5 * self.write_share + 0.5 * share.min(1.0);
-        let rshare = receiver.as_secs_f64() / writes.as_secs_f64().max(1e-9);
-        self.receiver_share = 0.5 * self.receiver_share + 0.5 * rshare.min(10.0);
-        if self.write_share < CPU_BOUND && self.rung + 1 < self.ladder.len() {
-            self.rung += 1;
-        } else if self.write_share > WRITE_BOUND && self.rung > 0 {
-            self.rung -= 1;
-        }
+    /// The sender spent `total` inside `send`, `down` of it waiting for the other end.
+    pub(crate) fn account(&mut self, total: Duration, down: Duration) {
+        self.total += total.as_secs_f64();
+        self.down += down.as_secs_f64().min(total.as_secs_f64());
     }
 
     /// Whether to index plain segments: the link, not the sender's CPU nor the receiver,
     /// bounds plain sending, so indexing costs no time (the link drains while it runs).
+    ///
+    /// Until the link's rate is known, plain segments are kept too: on a slow link, what the
+    /// first segments carried is then a base for the rest; on a fast one, that costs the CPU
+    /// of a few segments.
     pub(crate) fn link_bound(&self) -> bool {
         self.mode == Mode::Adaptive
-            && self.write_share > LINK_BOUND
-            && self.receiver_share < RECEIVER_BOUND
+            && (self.link_rate().is_none()
+                || self.down_share() > LINK_BOUND && self.receiver < RECEIVER_BOUND * self.down)
     }
 
     /// A request was answered `rtt` after it was sent.
@@ -185,56 +272,82 @@ impl Adaptive {
         self.rtt = Some(self.rtt.map_or(rtt, |r| r.min(rtt)));
     }
 
-    /// A segment of `bytes` message bytes sent `way` cost the sender `busy`, and took
-    /// `round_trips` request/answer exchanges with `window` segments in flight.
-    pub(crate) fn observe(
-        &mut self,
-        way: Way,
-        bytes: usize,
-        busy: Duration,
-        round_trips: u32,
-        window: usize,
-    ) {
-        let waits = self.rtt.unwrap_or_default() * round_trips / window.max(1) as u32;
-        let secs = (busy + waits).as_secs_f64().max(1e-6);
-        for (b, t) in self.dedup.iter_mut().chain(self.plain.iter_mut()) {
-            *b *= KEEP;
-            *t *= KEEP;
+    /// A segment sent `way` was acknowledged, having cost `cost` with `window` segments in
+    /// flight, and the receiver reported `receiver` busy time with the acknowledgement.
+    pub(crate) fn observe(&mut self, way: Way, cost: Cost, window: usize, receiver: Duration) {
+        self.deliveries.push_back((Instant::now(), cost.wire));
+        if self.deliveries.len() > DELIVERIES {
+            self.deliveries.pop_front();
         }
+        let waits = self.rtt.unwrap_or_default() * cost.round_trips / window.max(1) as u32;
+        for sums in self.dedup.iter_mut().chain(self.plain.iter_mut()) {
+            sums.decay();
+        }
+        self.total *= KEEP;
+        self.down *= KEEP;
+        self.receiver = self.receiver * KEEP + receiver.as_secs_f64();
         let slot = match way {
             Way::Dedup => &mut self.dedup,
             Way::Plain => &mut self.plain,
         };
-        let (b, t) = slot.unwrap_or((0.0, 0.0));
-        *slot = Some((b + bytes as f64, t + secs));
+        let sums = slot.get_or_insert_with(Sums::default);
+        sums.bytes += cost.bytes as f64;
+        sums.secs += (cost.cpu + waits).as_secs_f64().max(1e-6);
+        sums.wire += cost.wire as f64;
+        if way == Way::Plain {
+            let share = self.down_share();
+            if share < CPU_BOUND && self.rung + 1 < self.ladder.len() {
+                self.rung += 1;
+            } else if share > WRITE_BOUND && self.rung > 0 {
+                self.rung -= 1;
+            }
+        }
     }
 
-    /// The current estimates (dedup, plain), bytes per second; 0 when not yet measured.
+    /// The current estimates (dedup, plain), message bytes per second; 0 when not yet known.
     pub(crate) fn rates(&self) -> (f64, f64) {
+        let link = self.limiting(self.link_rate().unwrap_or(f64::INFINITY));
         (
-            rate(self.dedup).unwrap_or(0.0),
-            rate(self.plain).unwrap_or(0.0),
+            self.dedup.map_or(0.0, |s| s.rate(link)),
+            self.plain.map_or(0.0, |s| s.rate(link)),
         )
     }
-}
-
-fn rate(sums: Option<(f64, f64)>) -> Option<f64> {
-    sums.map(|(b, t)| b / t.max(1e-9))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use std::thread::sleep;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn cost(bytes: usize, cpu: Duration, wire: u64, round_trips: u32) -> Cost {
+        Cost {
+            bytes,
+            cpu,
+            wire,
+            round_trips,
+        }
+    }
+
+    /// Acknowledges a segment sent `way` after `gap` of wall time.
+    fn ack(a: &mut Adaptive, way: Way, c: Cost, gap: Duration) {
+        sleep(gap);
+        a.observe(way, c, 4, Duration::ZERO);
+    }
 
     #[test]
     fn picks_the_faster_way_and_probes_the_other() {
         let mut a = Adaptive::new(Mode::Adaptive, Compression::Zstd(3));
         assert_eq!(a.choose(), Way::Dedup);
-        a.round_trip(Duration::from_millis(400));
-        a.observe(Way::Dedup, 1_000, Duration::from_millis(100), 2, 1);
+        a.round_trip(ms(400));
+        ack(&mut a, Way::Dedup, cost(1_000, ms(100), 100, 2), ms(0));
         assert_eq!(a.choose(), Way::Plain);
-        a.observe(Way::Plain, 1_000, Duration::from_millis(100), 0, 1);
+        for _ in 0..2 {
+            ack(&mut a, Way::Plain, cost(1_000, ms(100), 500, 0), ms(2));
+        }
         let ways: Vec<Way> = (0..16).map(|_| a.choose()).collect();
         assert!(
             ways.iter().filter(|w| **w == Way::Plain).count() >= 14,
@@ -253,9 +366,19 @@ mod tests {
                 && gaps.last() == Some(&(PROBE_EVERY_MAX as usize)),
             "probes back off while they confirm the choice: {gaps:?}"
         );
-        a.observe(Way::Dedup, 1_000_000, Duration::from_millis(1), 0, 1);
+        a.observe(
+            Way::Dedup,
+            cost(1_000_000, ms(1), 1_000, 0),
+            4,
+            Duration::ZERO,
+        );
         assert_eq!(a.choose(), Way::Dedup, "a probe that wins flips the choice");
-        a.observe(Way::Plain, 10_000_000, Duration::from_millis(1), 0, 1);
+        a.observe(
+            Way::Plain,
+            cost(100_000_000, ms(1), 1_000, 0),
+            4,
+            Duration::ZERO,
+        );
         let back: Vec<Way> = (0..(PROBE_EVERY as usize)).map(|_| a.choose()).collect();
         assert!(
             back.contains(&Way::Dedup),
@@ -268,13 +391,43 @@ mod tests {
     }
 
     #[test]
+    fn a_slow_link_favours_the_way_with_fewer_wire_bytes() {
+        // Plain costs less CPU, but its bytes take the link 20x longer than dedup's: the
+        // delivery rate (acknowledged wire bytes over time), not the writes (which a socket
+        // buffer absorbs), shows it.
+        let mut a = Adaptive::new(Mode::Adaptive, Compression::Zstd(3));
+        for i in 0..6 {
+            let way = a.choose();
+            let c = match way {
+                Way::Dedup => cost(8 << 20, ms(60), 50_000, 2),
+                Way::Plain => cost(8 << 20, ms(20), 1_000_000, 0),
+            };
+            a.account(ms(50), ms(40));
+            ack(&mut a, way, c, ms(if way == Way::Plain { 40 } else { 2 }));
+            assert!(i < 5 || a.link_rate().is_some());
+        }
+        let ways: Vec<Way> = (0..8).map(|_| a.choose()).collect();
+        assert!(
+            ways.iter().filter(|w| **w == Way::Dedup).count() >= 7,
+            "{ways:?}"
+        );
+        a.account(Duration::from_secs(10), ms(10));
+        assert_eq!(
+            a.limiting(1.0),
+            f64::INFINITY,
+            "a sender that hardly waits is not limited by the link"
+        );
+    }
+
+    #[test]
     fn the_plain_level_follows_what_bounds_the_sender() {
-        let ms = Duration::from_millis;
+        let plain = cost(8 << 20, ms(20), 1_000_000, 0);
         let mut a = Adaptive::new(Mode::Adaptive, Compression::Zstd(3));
         assert_eq!(a.plain_level(), Some(3));
         let mut seen = Vec::new();
         for _ in 0..6 {
-            a.plain_sample(ms(1), ms(100), ms(1));
+            a.account(ms(100), ms(1));
+            a.observe(Way::Plain, plain, 4, Duration::ZERO);
             seen.push(a.plain_level().unwrap());
         }
         assert_eq!(
@@ -282,16 +435,36 @@ mod tests {
             [1, -1, -3, -7, -7, -7],
             "CPU-bound: faster and faster"
         );
-        for _ in 0..6 {
-            a.plain_sample(ms(90), ms(100), ms(1));
+        for _ in 0..8 {
+            a.account(ms(100), ms(90));
+            a.observe(Way::Plain, plain, 4, Duration::ZERO);
         }
         assert_eq!(
             a.plain_level(),
             Some(3),
             "link-bound: back to the configured level"
         );
-        a.plain_sample(ms(35), ms(100), ms(1));
-        assert_eq!(a.plain_level(), Some(3), "in between it stays");
+        assert!(a.link_bound(), "and plain segments are kept");
+        let mut mid = Adaptive::new(Mode::Adaptive, Compression::Zstd(3));
+        for _ in 0..4 {
+            mid.account(ms(100), ms(35));
+            mid.observe(Way::Plain, plain, 4, Duration::ZERO);
+        }
+        assert_eq!(mid.plain_level(), Some(3), "in between, the level stays");
+        let mut b = Adaptive::new(Mode::Adaptive, Compression::Zstd(3));
+        assert!(
+            b.link_bound(),
+            "plain segments are kept until the link is known"
+        );
+        for _ in 0..3 {
+            b.account(ms(100), ms(90));
+            ack(&mut b, Way::Plain, plain, ms(2));
+            b.observe(Way::Plain, plain, 4, ms(80));
+        }
+        assert!(
+            !b.link_bound(),
+            "a busy receiver, not the link, held the writes"
+        );
         assert_eq!(
             Adaptive::new(Mode::Plain, Compression::Zstd(3)).plain_level(),
             None

@@ -14,6 +14,8 @@ pub(crate) struct Link<S> {
     pub(crate) limits: Limits,
     /// Time spent writing frames: blocked on a full socket, this is the link's time.
     pub(crate) write_time: Duration,
+    /// Time spent waiting for and reading frames.
+    pub(crate) read_time: Duration,
     buf: Vec<u8>,
 }
 
@@ -23,6 +25,7 @@ impl<S: Read + Write> Link<S> {
             framed,
             limits,
             write_time: Duration::ZERO,
+            read_time: Duration::ZERO,
             buf: Vec::new(),
         }
     }
@@ -42,7 +45,15 @@ impl<S: Read + Write> Link<S> {
 
     /// Reads the next frame; an ERROR frame is [`Error::Remote`].
     pub(crate) fn read(&mut self) -> Result<Frame> {
-        self.framed.read_frame()?.into_checked()
+        let t = Instant::now();
+        let r = self.framed.read_frame();
+        self.read_time += t.elapsed();
+        r?.into_checked()
+    }
+
+    /// Bytes of frames written so far.
+    pub(crate) fn bytes_written(&self) -> u64 {
+        self.framed.bytes_written()
     }
 
     /// Tells the peer why this end stops (best effort) and returns `e`.

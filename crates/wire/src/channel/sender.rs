@@ -18,7 +18,7 @@ use dedupwire_engine::compress::Compressor;
 use dedupwire_engine::delta::{DeltaCodec, Sampled};
 use dedupwire_engine::similarity::{select_source, CandidateIndex, SuperFeatureConfig};
 
-use super::adaptive::{Adaptive, Way};
+use super::adaptive::{Adaptive, Cost, Way};
 use super::config::ChannelConfig;
 use super::link::Link;
 use super::protocol::{EntryRef, Message, MessageEnd, DATA_FRAME};
@@ -66,8 +66,10 @@ struct OutSeg {
     asked: Instant,
     /// Time the sender spent on this segment (CPU and socket writes).
     busy: Duration,
-    /// Time spent blocked writing its PLAIN frame.
+    /// Time spent blocked writing its frames.
     writes: Duration,
+    /// Bytes of frames written for it.
+    wire: u64,
     awaiting: Await,
 }
 
@@ -151,6 +153,7 @@ impl Sender {
         last: bool,
     ) -> Result<usize> {
         let started = Instant::now();
+        let (writes0, wire0) = (link.write_time, link.bytes_written());
         let data = &data[..data.len().min(self.cfg.segment_size)];
         let way = self.adaptive.choose();
         let mut lens = Vec::new();
@@ -176,14 +179,13 @@ impl Sender {
         });
         let seg = self.next_seg;
         self.next_seg += 1;
-        let (levels, awaiting, writes) = match way {
+        let (levels, awaiting) = match way {
             Way::Plain => {
                 if let Some(level) = self.adaptive.plain_level() {
                     self.plain_compressor.set_zstd_level(level);
                     stats.plain_level = Some(level);
                 }
                 let body = self.plain_compressor.compress(&bytes);
-                let writes = link.write_time;
                 let keep = self.adaptive.link_bound();
                 link.send(&Message::Plain {
                     seg,
@@ -193,14 +195,13 @@ impl Sender {
                     raw_len: bytes.len() as u32,
                     body,
                 })?;
-                let writes = link.write_time - writes;
                 if keep {
                     self.learn(&bytes)?;
                     stats.segments_kept += 1;
                 }
                 stats.segments_plain += 1;
                 stats.bytes_plain += bytes.len() as u64;
-                (Vec::new(), Await::Ack, writes)
+                (Vec::new(), Await::Ack)
             }
             Way::Dedup => {
                 let mut pieces = Vec::with_capacity(lens.len());
@@ -218,7 +219,7 @@ impl Sender {
                 })?;
                 stats.segments_dedup += 1;
                 stats.round_trips += 1;
-                (vec![pieces], Await::Have(0), Duration::ZERO)
+                (vec![pieces], Await::Have(0))
             }
         };
         self.inflight.insert(
@@ -229,7 +230,8 @@ impl Sender {
                 way,
                 asked: Instant::now(),
                 busy: started.elapsed(),
-                writes,
+                writes: link.write_time - writes0,
+                wire: link.bytes_written() - wire0,
                 awaiting,
             },
         );
@@ -281,6 +283,7 @@ impl Sender {
         bits: &[bool],
     ) -> Result<()> {
         let started = Instant::now();
+        let (writes0, wire0) = (link.write_time, link.bytes_written());
         let mut s = self.inflight.remove(&seg).ok_or_else(|| {
             Error::Protocol(format!(
                 "HAVE for segment {seg}, which is not waiting for one"
@@ -338,6 +341,8 @@ impl Sender {
             s.awaiting = Await::Ack;
         }
         s.busy += started.elapsed();
+        s.writes += link.write_time - writes0;
+        s.wire += link.bytes_written() - wire0;
         self.inflight.insert(seg, s);
         Ok(())
     }
@@ -482,16 +487,16 @@ impl Sender {
                 "ACK for segment {seg} before its data was sent"
             )));
         }
-        if s.way == Way::Plain {
-            self.adaptive
-                .plain_sample(s.writes, s.busy, Duration::from_micros(u64::from(busy_us)));
-        }
         self.adaptive.observe(
             s.way,
-            s.data.len(),
-            s.busy,
-            s.levels.len() as u32,
+            Cost {
+                bytes: s.data.len(),
+                cpu: s.busy.saturating_sub(s.writes),
+                wire: s.wire,
+                round_trips: s.levels.len() as u32,
+            },
             self.cfg.window,
+            Duration::from_micros(u64::from(busy_us)),
         );
         (stats.dedup_rate, stats.plain_rate) = self.adaptive.rates();
         Ok(())

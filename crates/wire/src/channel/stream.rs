@@ -11,7 +11,7 @@
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::config::ChannelConfig;
 use super::link::Link;
@@ -217,6 +217,7 @@ impl<S: Read + Write> DedupStream<S> {
             if !last && rest.len() < seg {
                 return Ok(pos);
             }
+            let spent = self.spent();
             while self.sender.needs_room() {
                 self.pump()?;
             }
@@ -225,6 +226,7 @@ impl<S: Read + Write> DedupStream<S> {
                 .sender
                 .emit(&mut self.link, &mut self.stats, rest, final_seg)
                 .map_err(|e| self.broke(e))?;
+            self.account(spent);
             if final_seg {
                 return Ok(pos);
             }
@@ -233,10 +235,28 @@ impl<S: Read + Write> DedupStream<S> {
 
     /// Serves the peer until every segment sent has been acknowledged.
     fn settle(&mut self) -> Result<()> {
+        let t = Instant::now();
         while !self.sender.idle() {
             self.pump()?;
         }
+        // Waiting for the last answers and acknowledgements is every message's latency (round
+        // trips, the receiver's last segment), not a sign of a slow link: only a full window
+        // (in `push`) and blocked writes are.
+        self.sender.adaptive.account(t.elapsed(), Duration::ZERO);
         Ok(())
+    }
+
+    /// Where the clock and the link's read and write waits stand, to [`Self::account`] for
+    /// the time since.
+    fn spent(&self) -> (Instant, Duration) {
+        (Instant::now(), self.link.read_time + self.link.write_time)
+    }
+
+    /// Tells the adaptive mode how much of the sender's time since `spent` went to waiting
+    /// for the other end.
+    fn account(&mut self, (t, waits): (Instant, Duration)) {
+        let down = (self.link.read_time + self.link.write_time).saturating_sub(waits);
+        self.sender.adaptive.account(t.elapsed(), down);
     }
 
     fn check(&self) -> Result<()> {
