@@ -182,11 +182,11 @@ impl Adaptive {
     fn link_rate(&self) -> Option<f64> {
         let (first, last) = (self.deliveries.front()?, self.deliveries.back()?);
         let span = last.0.duration_since(first.0).as_secs_f64();
-        if self.deliveries.len() < 3 || span < 1e-3 {
+        if self.deliveries.len() < 3 {
             return None;
         }
         let bytes: u64 = self.deliveries.iter().skip(1).map(|d| d.1).sum();
-        Some(bytes as f64 / span)
+        Some(bytes as f64 / span.max(1e-6))
     }
 
     /// `link` where the sender has been waiting for the other end; elsewhere the rate at
@@ -262,9 +262,13 @@ impl Adaptive {
     /// first segments carried is then a base for the rest; on a fast one, that costs the CPU
     /// of a few segments.
     pub(crate) fn link_bound(&self) -> bool {
+        let Some(link) = self.link_rate() else {
+            return self.mode == Mode::Adaptive;
+        };
+        let link = self.limiting(link);
         self.mode == Mode::Adaptive
-            && (self.link_rate().is_none()
-                || self.down_share() > LINK_BOUND && self.receiver < RECEIVER_BOUND * self.down)
+            && self.down_share() > LINK_BOUND
+            && self.plain.is_some_and(|p| p.wire / link > p.secs)
     }
 
     /// A request was answered `rtt` after it was sent.
@@ -437,7 +441,7 @@ mod tests {
         );
         for _ in 0..8 {
             a.account(ms(100), ms(90));
-            a.observe(Way::Plain, plain, 4, Duration::ZERO);
+            ack(&mut a, Way::Plain, plain, ms(40));
         }
         assert_eq!(
             a.plain_level(),
