@@ -7,6 +7,9 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 
 use dedupwire_engine::chunk::{size_label, ChunkerSpec};
 use dedupwire_engine::compress::{Compression, Compressor};
@@ -193,7 +196,7 @@ pub struct Measured {
 /// A method being measured.
 pub trait Runner: Send {
     /// Processes one batch.
-    fn feed(&mut self, batch: &Batch);
+    fn feed(&mut self, batch: &Arc<Batch>);
     /// The results for both scopes.
     fn finish(self: Box<Self>) -> Vec<Measured>;
 }
@@ -261,8 +264,9 @@ impl CompressRunner {
 }
 
 impl Runner for CompressRunner {
-    fn feed(&mut self, batch: &Batch) {
-        self.stream.push(&batch.data);
+    fn feed(&mut self, batch: &Arc<Batch>) {
+        self.stream
+            .push_est(&batch.data, batch.proxy_estimate(&batch.data));
     }
 
     fn finish(mut self: Box<Self>) -> Vec<Measured> {
@@ -314,6 +318,12 @@ struct Residual {
     compressor: Compressor,
     buf: Vec<u8>,
     proxy: Vec<u8>,
+    /// Compressed output, reused between batches (only its length is kept).
+    scratch: Vec<u8>,
+    /// True when the data comes with the shared proxy's estimates ([`Residual::push_est`]).
+    shared: bool,
+    /// Shared-proxy estimate of the current batch.
+    est_cur: f64,
     /// Raw bytes in the current batch.
     cur: usize,
     batches: u64,
@@ -338,6 +348,9 @@ impl Residual {
             compressor: Compressor::new(method),
             buf: Vec::new(),
             proxy: Vec::new(),
+            scratch: Vec::new(),
+            shared: false,
+            est_cur: 0.0,
             cur: 0,
             batches: 0,
             every: every.max(1),
@@ -366,13 +379,28 @@ impl Residual {
         !self.in_tail() || self.tail_batches % self.every == 0
     }
 
-    fn push(&mut self, mut data: &[u8]) {
+    /// Appends `data`, whose proxy is this stream's own (slices of its batches compressed).
+    fn push(&mut self, data: &[u8]) {
+        self.push_inner(data, None);
+    }
+
+    /// Appends `data`, which the shared proxy estimates to compress to `est` bytes.
+    fn push_est(&mut self, data: &[u8], est: f64) {
+        self.push_inner(data, Some(est));
+    }
+
+    fn push_inner(&mut self, mut data: &[u8], est: Option<f64>) {
+        let total = data.len().max(1) as f64;
         while !data.is_empty() {
             let take = data.len().min(BATCH_BYTES - self.cur);
             if self.sampling() {
                 self.buf.extend_from_slice(&data[..take]);
-            } else if self.every > 1 {
+            } else if self.every > 1 && est.is_none() {
                 proxy_slices(self.cur, &data[..take], &mut self.proxy);
+            }
+            if let Some(e) = est {
+                self.shared = true;
+                self.est_cur += e * take as f64 / total;
             }
             self.cur += take;
             data = &data[take..];
@@ -388,28 +416,32 @@ impl Residual {
         }
         let raw = self.cur as u64;
         if !self.in_tail() {
+            let (c, buf, scratch) = (&mut self.compressor, &self.buf, &mut self.scratch);
             let out = charge(&mut self.cpu_full, || {
-                self.compressor.compress(&self.buf).len() as u64
+                c.compress_reusing(buf, scratch) as u64
             });
             self.full.0 += raw;
             self.full.1 += out;
         } else {
             let sampled = self.tail_batches % self.every == 0;
-            if sampled && self.every > 1 {
+            if sampled && self.every > 1 && !self.shared {
                 proxy_slices(0, &self.buf, &mut self.proxy);
             }
-            let proxy = if self.every > 1 {
+            let proxy = if self.shared {
+                self.est_cur
+            } else if self.every > 1 {
                 let (p, len) = (&self.proxy, self.proxy.len());
-                let c = &mut self.compressor;
-                let out = charge(&mut self.cpu_proxy, || c.compress(p).len());
+                let (c, scratch) = (&mut self.compressor, &mut self.scratch);
+                let out = charge(&mut self.cpu_proxy, || c.compress_reusing(p, scratch));
                 out as f64 / len.max(1) as f64 * raw as f64
             } else {
                 0.0
             };
             self.tail_proxy += proxy;
             if sampled {
+                let (c, buf, scratch) = (&mut self.compressor, &self.buf, &mut self.scratch);
                 let out = charge(&mut self.cpu_tail, || {
-                    self.compressor.compress(&self.buf).len() as u64
+                    c.compress_reusing(buf, scratch) as u64
                 });
                 self.pairs.push((proxy, out as f64));
             }
@@ -417,6 +449,7 @@ impl Residual {
         }
         self.batches += 1;
         self.cur = 0;
+        self.est_cur = 0.0;
         self.buf.clear();
         self.proxy.clear();
     }
@@ -502,13 +535,14 @@ impl ExactScope {
         }
     }
 
-    fn add(&mut self, id: u128, chunk: &[u8]) {
+    /// Adds a chunk; `est` gives the shared proxy's estimate of its compressed size.
+    fn add(&mut self, id: u128, chunk: &[u8], est: impl FnOnce() -> f64) {
         self.chunks += 1;
         if self.sample == 1 {
-            self.insert(id, chunk);
+            self.insert(id, chunk, est);
         } else if (id as u64) % self.sample == 0 {
             let t0 = crate::cpu::thread_cpu_seconds();
-            self.insert(id, chunk);
+            self.insert(id, chunk, est);
             self.sampled_cpu += crate::cpu::thread_cpu_seconds() - t0;
         }
     }
@@ -526,13 +560,13 @@ impl ExactScope {
         }
     }
 
-    fn insert(&mut self, id: u128, chunk: &[u8]) {
+    fn insert(&mut self, id: u128, chunk: &[u8], est: impl FnOnce() -> f64) {
         if self.index.insert(id) {
             self.unique_bytes += chunk.len() as u64;
             if self.sample > 1 {
                 *self.contrib.entry(id).or_default() += chunk.len() as f64;
             }
-            self.residual.push(chunk);
+            self.residual.push_est(chunk, est());
         }
     }
 
@@ -565,25 +599,31 @@ struct WholeItem {
     hasher: xxhash_rust::xxh3::Xxh3,
     len: u64,
     buf: Vec<u8>,
+    /// Shared-proxy estimate of `buf`.
+    buf_est: f64,
     big: Option<Residual>,
     every: u64,
     on_top: Compression,
 }
 
 impl WholeItem {
-    fn push(&mut self, data: &[u8], item_end: bool, size: &mut SizeState) {
+    fn push(&mut self, batch: &Batch, data: &[u8], item_end: bool, size: &mut SizeState) {
         self.hasher.update(data);
         self.len += data.len() as u64;
+        let est = batch.proxy_estimate(data);
         match &mut self.big {
-            Some(big) => big.push(data),
+            Some(big) => big.push_est(data, est),
             None if self.buf.len() + data.len() > WHOLE_BUFFER => {
                 let mut big = Residual::new(self.every, self.on_top);
-                big.push(&self.buf);
-                big.push(data);
+                big.push_est(&self.buf, self.buf_est);
+                big.push_est(data, est);
                 self.buf = Vec::new();
                 self.big = Some(big);
             }
-            None => self.buf.extend_from_slice(data),
+            None => {
+                self.buf.extend_from_slice(data);
+                self.buf_est += est;
+            }
         }
         if !item_end {
             return;
@@ -598,15 +638,17 @@ impl WholeItem {
                 }
             }
             None => {
-                size.local.add(id, &self.buf);
+                let est = self.buf_est;
+                size.local.add(id, &self.buf, || est);
                 if let Some(g) = size.global.as_mut() {
-                    g.add(id, &self.buf);
+                    g.add(id, &self.buf, || est);
                 }
             }
         }
         self.hasher.reset();
         self.len = 0;
         self.buf.clear();
+        self.buf_est = 0.0;
     }
 }
 
@@ -636,6 +678,7 @@ impl ExactRunner {
                 hasher: xxhash_rust::xxh3::Xxh3::new(),
                 len: 0,
                 buf: Vec::new(),
+                buf_est: 0.0,
                 big: None,
                 every: opts.compress_every,
                 on_top: opts.on_top,
@@ -662,11 +705,11 @@ impl ExactRunner {
     }
 }
 
-fn add_chunk(size: &mut SizeState, chunk: &[u8]) {
+fn add_chunk(size: &mut SizeState, chunk: &[u8], batch: &Batch) {
     let id = fast_id(chunk);
-    size.local.add(id, chunk);
+    size.local.add(id, chunk, || batch.proxy_estimate(chunk));
     if let Some(g) = size.global.as_mut() {
-        g.add(id, chunk);
+        g.add(id, chunk, || batch.proxy_estimate(chunk));
     }
 }
 
@@ -732,7 +775,7 @@ fn short(c: Compression) -> &'static str {
 }
 
 impl Runner for ExactRunner {
-    fn feed(&mut self, batch: &Batch) {
+    fn feed(&mut self, batch: &Arc<Batch>) {
         if self.image.is_some_and(|i| i != batch.image) {
             for size in &mut self.sizes {
                 size.local.reset_index();
@@ -746,7 +789,7 @@ impl Runner for ExactRunner {
                 let mut cpu = 0.0;
                 charge(&mut cpu, || {
                     for piece in &batch.pieces {
-                        whole.push(batch.bytes(piece), piece.item_end, size);
+                        whole.push(batch, batch.bytes(piece), piece.item_end, size);
                     }
                 });
                 size.cpu += cpu;
@@ -755,7 +798,9 @@ impl Runner for ExactRunner {
                 charge(&mut self.shared_cpu, || mc.scan(batch));
                 for (i, size) in self.sizes.iter_mut().enumerate() {
                     let mut cpu = 0.0;
-                    charge(&mut cpu, || mc.cut(i, &batch.data, |c| add_chunk(size, c)));
+                    charge(&mut cpu, || {
+                        mc.cut(i, &batch.data, |c| add_chunk(size, c, batch))
+                    });
                     size.cpu += cpu;
                 }
                 charge(&mut self.shared_cpu, || mc.end_batch(&batch.data));
@@ -810,11 +855,37 @@ struct SimilarityRunner {
     opts: RunnerOptions,
     image: Option<usize>,
     local: [Option<SimScope>; 2],
-    global: [Option<SimScope>; 2],
+    /// The global scope encodes on its own thread, from the batches and the cuts,
+    /// fingerprints and features this one prepared for both scopes.
+    global: Option<GlobalSim>,
     local_done: [SimTotals; 2],
-    /// The batch's cuts, fingerprints and features, shared by both scopes.
-    prepared: Prepared,
     input_bytes: u64,
+}
+
+/// A batch for the global scope: its kind slot, configuration, the batch, its preparation and
+/// that preparation's CPU seconds.
+type GlobalJob = (usize, PipelineConfig, Arc<Batch>, Arc<Prepared>, f64);
+
+struct GlobalSim {
+    tx: SyncSender<GlobalJob>,
+    handle: JoinHandle<[Option<SimScope>; 2]>,
+}
+
+impl GlobalSim {
+    fn start(every: u64, on_top: Compression) -> Self {
+        let (tx, rx) = sync_channel::<GlobalJob>(4);
+        let handle = std::thread::spawn(move || {
+            let mut scopes: [Option<SimScope>; 2] = [None, None];
+            for (slot, config, batch, prepared, prepare_cpu) in rx {
+                let items: Vec<&[u8]> = batch.pieces.iter().map(|p| batch.bytes(p)).collect();
+                scopes[slot]
+                    .get_or_insert_with(|| SimScope::new(config, every, on_top))
+                    .feed(&items, Some((&prepared, prepare_cpu)));
+            }
+            scopes
+        });
+        GlobalSim { tx, handle }
+    }
 }
 
 /// One scope of the similarity method: the real pipeline without compression, its frames
@@ -911,9 +982,10 @@ impl SimilarityRunner {
             opts: opts.clone(),
             image: None,
             local: [None, None],
-            global: [None, None],
+            global: opts
+                .several_images
+                .then(|| GlobalSim::start(opts.compress_every, opts.on_top)),
             local_done: [SimTotals::default(); 2],
-            prepared: Prepared::default(),
             input_bytes: 0,
         })
     }
@@ -941,7 +1013,7 @@ impl SimilarityRunner {
 }
 
 impl Runner for SimilarityRunner {
-    fn feed(&mut self, batch: &Batch) {
+    fn feed(&mut self, batch: &Arc<Batch>) {
         if self.image.is_some_and(|i| i != batch.image) {
             self.retire_local();
         }
@@ -952,22 +1024,42 @@ impl Runner for SimilarityRunner {
         let config = self.config(batch.kind);
         let (every, on_top) = (self.opts.compress_every, self.opts.on_top);
         let local = self.local[slot].get_or_insert_with(|| SimScope::new(config, every, on_top));
-        if !self.opts.several_images {
+        let Some(global) = &self.global else {
             local.feed(&items, None);
             return;
-        }
+        };
         let mut prepare_cpu = 0.0;
-        let prepared = &mut self.prepared;
-        charge(&mut prepare_cpu, || local.encoder.prepare(&items, prepared));
-        local.feed(&items, Some((prepared, prepare_cpu)));
-        self.global[slot]
-            .get_or_insert_with(|| SimScope::new(config, every, on_top))
-            .feed(&items, Some((prepared, prepare_cpu)));
+        let mut prepared = Prepared::default();
+        charge(&mut prepare_cpu, || {
+            local.encoder.prepare(&items, &mut prepared)
+        });
+        let prepared = Arc::new(prepared);
+        let job = (
+            slot,
+            config,
+            Arc::clone(batch),
+            Arc::clone(&prepared),
+            prepare_cpu,
+        );
+        global
+            .tx
+            .send(job)
+            .expect("the global similarity scope runs until its sender is dropped");
+        local.feed(&items, Some((&prepared, prepare_cpu)));
     }
 
     fn finish(mut self: Box<Self>) -> Vec<Measured> {
         self.retire_local();
-        let global: [SimTotals; 2] = std::array::from_fn(|slot| match &mut self.global[slot] {
+        let mut scopes = match self.global.take() {
+            Some(GlobalSim { tx, handle }) => {
+                drop(tx);
+                handle
+                    .join()
+                    .expect("the global similarity scope does not panic")
+            }
+            None => [None, None],
+        };
+        let global: [SimTotals; 2] = std::array::from_fn(|slot| match &mut scopes[slot] {
             Some(s) => s.totals(),
             None => self.local_done[slot],
         });
@@ -1036,7 +1128,7 @@ mod tests {
     fn run(spec: ChunkerSpec, items: &[Vec<u8>]) -> Vec<Measured> {
         let mut runner = ExactRunner::new(&[spec], &opts()).unwrap();
         for batch in test_batches(items, 1 << 20) {
-            runner.feed(&batch);
+            runner.feed(&Arc::new(batch));
         }
         Box::new(runner).finish()
     }
@@ -1101,7 +1193,7 @@ mod tests {
         )
         .unwrap();
         for batch in test_batches(&items, 1 << 20) {
-            runner.feed(&batch);
+            runner.feed(&Arc::new(batch));
         }
         let m = Box::new(runner).finish();
         assert_eq!(m.len(), 8);
