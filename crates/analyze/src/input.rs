@@ -9,8 +9,6 @@ use std::io::{self, BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver};
 
-use dedupwire_engine::compress::Compressor;
-
 use crate::AnalyzeError;
 
 /// Bytes per batch handed to the methods.
@@ -60,54 +58,12 @@ pub struct Batch {
     pub data: Vec<u8>,
     /// The pieces, in order.
     pub pieces: Vec<Piece>,
-    /// Compressibility proxy of each [`PROXY_REGION`] of `data` (compressed bytes per byte of
-    /// its first [`PROXY_PROBE`] bytes compressed alone), measured once for every method when
-    /// compression is sampled (see [`Batch::measure_proxy`]); empty otherwise.
-    pub proxy: Vec<f32>,
 }
-
-/// Bytes per region of the shared compressibility proxy.
-pub const PROXY_REGION: usize = 64 << 10;
-/// Bytes of each region compressed for the proxy: 1/16 of the input.
-pub const PROXY_PROBE: usize = 4 << 10;
 
 impl Batch {
     /// The bytes of `piece`.
     pub fn bytes(&self, piece: &Piece) -> &[u8] {
         &self.data[piece.start..piece.end]
-    }
-
-    /// Fills [`Batch::proxy`]: compresses the first [`PROXY_PROBE`] bytes of every
-    /// [`PROXY_REGION`] alone with `compressor`.
-    pub fn measure_proxy(&mut self, compressor: &mut Compressor, scratch: &mut Vec<u8>) {
-        self.proxy.clear();
-        for region in self.data.chunks(PROXY_REGION) {
-            let probe = &region[..region.len().min(PROXY_PROBE)];
-            let out = compressor.compress_reusing(probe, scratch);
-            self.proxy.push(out as f32 / probe.len() as f32);
-        }
-    }
-
-    /// The proxy's estimate of what `bytes` compress to: the ratio of each region they cover
-    /// times the bytes they have there. `bytes` should lie in [`Batch::data`]; other bytes (a
-    /// chunk joined across batches) get the batch's mean ratio. 0 without a proxy.
-    pub fn proxy_estimate(&self, bytes: &[u8]) -> f64 {
-        if self.proxy.is_empty() {
-            return 0.0;
-        }
-        let base = self.data.as_ptr() as usize;
-        let at = bytes.as_ptr() as usize;
-        if at < base || at + bytes.len() > base + self.data.len() || bytes.is_empty() {
-            let mean = self.proxy.iter().map(|&r| r as f64).sum::<f64>() / self.proxy.len() as f64;
-            return mean * bytes.len() as f64;
-        }
-        let (start, end) = (at - base, at - base + bytes.len());
-        let mut est = 0.0;
-        for k in start / PROXY_REGION..=(end - 1) / PROXY_REGION {
-            let overlap = end.min((k + 1) * PROXY_REGION) - start.max(k * PROXY_REGION);
-            est += self.proxy[k] as f64 * overlap as f64;
-        }
-        est
     }
 }
 
@@ -177,7 +133,6 @@ fn new_batch(image: usize, kind: ItemKind) -> Batch {
         kind,
         data: Vec::with_capacity(BATCH_BYTES),
         pieces: Vec::new(),
-        proxy: Vec::new(),
     }
 }
 

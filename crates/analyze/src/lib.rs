@@ -181,20 +181,8 @@ pub fn analyze(
         .collect();
     let rx = input::read_batches(images);
     let mut done = 0u64;
-    // With sampled compression, one shared proxy of each batch's compressibility (1/16 of it
-    // compressed, here, beside the methods) is what every stream extrapolates its unsampled
-    // batches from; it is not charged to any method.
-    let mut proxy = (compress_every > 1).then(|| {
-        (
-            dedupwire_engine::compress::Compressor::new(opts.on_top),
-            Vec::new(),
-        )
-    });
     for batch in rx {
-        let mut batch = batch?;
-        if let Some((compressor, scratch)) = proxy.as_mut() {
-            batch.measure_proxy(compressor, scratch);
-        }
+        let batch = batch?;
         let st = &mut image_stats[batch.image];
         st.input_bytes += batch.data.len() as u64;
         st.items += batch.pieces.iter().filter(|p| p.item_end).count() as u64;
