@@ -154,6 +154,8 @@ impl MultiCut {
                     bits_l,
                 } => {
                     let mut found = None;
+                    // No cut before `min`: skip those candidates without testing each.
+                    ci = skip_before(&self.cands, ci, start + min);
                     while let Some(&c) = self.cands.get(ci) {
                         let (e, lv) = (c >> 8, (c & 0xff) as u32);
                         if e > start + max {
@@ -218,6 +220,18 @@ impl MultiCut {
         let e = self.ends.partition_point(|&e| e <= keep_from);
         self.ends.drain(..e);
     }
+}
+
+/// The first index from `ci` on whose candidate ends at or after `target` (galloping, then a
+/// binary search: large chunk sizes skip thousands of candidates, small ones one or two).
+fn skip_before(cands: &[u64], mut ci: usize, target: u64) -> usize {
+    let mut step = 1;
+    while ci + step < cands.len() && (cands[ci + step] >> 8) < target {
+        ci += step;
+        step *= 2;
+    }
+    let hi = (ci + step).min(cands.len());
+    ci + cands[ci.min(hi)..hi].partition_point(|&c| (c >> 8) < target)
 }
 
 /// Rolls the Gear hash over `bytes` (stream position `at` onward) from `hash`, recording the
