@@ -61,6 +61,8 @@ pub struct MultiCut {
     starts: Vec<u64>,
     /// Scratch for chunks that span the carry and the batch.
     joined: Vec<u8>,
+    /// Scratch for the second lane's candidates.
+    lane2: Vec<u64>,
 }
 
 impl MultiCut {
@@ -103,6 +105,7 @@ impl MultiCut {
             cands: Vec::new(),
             ends: Vec::new(),
             joined: Vec::new(),
+            lane2: Vec::new(),
         })
     }
 
@@ -116,7 +119,14 @@ impl MultiCut {
         for piece in &batch.pieces {
             let bytes = batch.bytes(piece);
             if let Some(min_level) = self.min_level {
-                self.hash = scan_gear(bytes, self.hash, self.scanned, min_level, &mut self.cands);
+                self.hash = scan_gear(
+                    bytes,
+                    self.hash,
+                    self.scanned,
+                    min_level,
+                    &mut self.cands,
+                    &mut self.lane2,
+                );
             }
             self.scanned += bytes.len() as u64;
             if piece.item_end {
@@ -144,6 +154,8 @@ impl MultiCut {
                     bits_l,
                 } => {
                     let mut found = None;
+                    // No cut before `min`: skip those candidates without testing each.
+                    ci = skip_before(&self.cands, ci, start + min);
                     while let Some(&c) = self.cands.get(ci) {
                         let (e, lv) = (c >> 8, (c & 0xff) as u32);
                         if e > start + max {
@@ -210,31 +222,98 @@ impl MultiCut {
     }
 }
 
+/// The first index from `ci` on whose candidate ends at or after `target` (galloping, then a
+/// binary search: large chunk sizes skip thousands of candidates, small ones one or two).
+fn skip_before(cands: &[u64], mut ci: usize, target: u64) -> usize {
+    let mut step = 1;
+    while ci + step < cands.len() && (cands[ci + step] >> 8) < target {
+        ci += step;
+        step *= 2;
+    }
+    let hi = (ci + step).min(cands.len());
+    ci + cands[ci.min(hi)..hi].partition_point(|&c| (c >> 8) < target)
+}
+
 /// Rolls the Gear hash over `bytes` (stream position `at` onward) from `hash`, recording the
 /// cut after each byte whose level is at least `min_level`; returns the hash after the last.
-fn scan_gear(bytes: &[u8], mut hash: u64, at: u64, min_level: u32, out: &mut Vec<u64>) -> u64 {
+///
+/// Long inputs are scanned as two interleaved lanes (halves), so the CPU overlaps the two
+/// dependency chains. The second lane starts from a zero hash 64 bytes before its half: the
+/// hash shifts one bit per byte, so after 64 bytes it no longer depends on where it started,
+/// and both lanes record exactly what one sequential scan would.
+fn scan_gear(
+    bytes: &[u8],
+    hash: u64,
+    at: u64,
+    min_level: u32,
+    out: &mut Vec<u64>,
+    lane2: &mut Vec<u64>,
+) -> u64 {
+    const WARM_UP: usize = 64;
+    if bytes.len() < 4096 {
+        return scan_seq(bytes, hash, at, min_level, out);
+    }
+    let gear = FastCdc::gear_table();
+    let limit = 1u64 << (64 - min_level);
+    let mid = (bytes.len() / 2) & !3;
+    let (a, b) = bytes.split_at(mid);
+    let mut hb = a[mid - WARM_UP..]
+        .iter()
+        .fold(0u64, |h, &x| (h << 1).wrapping_add(gear[x as usize]));
+    let mut ha = hash;
+    lane2.clear();
+    let quads = mid / 4;
+    for (k, (qa, qb)) in a.chunks_exact(4).zip(b.chunks_exact(4)).enumerate() {
+        let pos = at + 4 * k as u64;
+        ha = step4(ha, qa, pos, limit, gear, out);
+        hb = step4(hb, qb, pos + mid as u64, limit, gear, lane2);
+    }
+    out.extend_from_slice(lane2);
+    scan_seq(
+        &b[4 * quads..],
+        hb,
+        at + (mid + 4 * quads) as u64,
+        min_level,
+        out,
+    )
+}
+
+/// Four Gear steps from `hash` over `q` (positions `pos`…`pos + 3`), recording candidates.
+#[inline(always)]
+fn step4(hash: u64, q: &[u8], pos: u64, limit: u64, gear: &[u64; 256], out: &mut Vec<u64>) -> u64 {
+    let h1 = (hash << 1).wrapping_add(gear[q[0] as usize]);
+    let h2 = (h1 << 1).wrapping_add(gear[q[1] as usize]);
+    let h3 = (h2 << 1).wrapping_add(gear[q[2] as usize]);
+    let h4 = (h3 << 1).wrapping_add(gear[q[3] as usize]);
+    let shift = 63 - TOP_BIT;
+    if ((h1 << shift) < limit)
+        | ((h2 << shift) < limit)
+        | ((h3 << shift) < limit)
+        | ((h4 << shift) < limit)
+    {
+        cold_push(pos, [h1, h2, h3, h4], limit, out);
+    }
+    h4
+}
+
+#[cold]
+#[inline(never)]
+fn cold_push(pos: u64, hs: [u64; 4], limit: u64, out: &mut Vec<u64>) {
+    for (k, h) in hs.into_iter().enumerate() {
+        if (h << (63 - TOP_BIT)) < limit {
+            out.push((pos + k as u64 + 1) << 8 | level(h).min(255) as u64);
+        }
+    }
+}
+
+/// [`scan_gear`] one byte after the other.
+fn scan_seq(bytes: &[u8], mut hash: u64, at: u64, min_level: u32, out: &mut Vec<u64>) -> u64 {
     let gear = FastCdc::gear_table();
     let limit = 1u64 << (64 - min_level);
     let mut quads = bytes.chunks_exact(4);
     let mut pos = at;
     for q in &mut quads {
-        let h1 = (hash << 1).wrapping_add(gear[q[0] as usize]);
-        let h2 = (h1 << 1).wrapping_add(gear[q[1] as usize]);
-        let h3 = (h2 << 1).wrapping_add(gear[q[2] as usize]);
-        let h4 = (h3 << 1).wrapping_add(gear[q[3] as usize]);
-        let shift = 63 - TOP_BIT;
-        if ((h1 << shift) < limit)
-            | ((h2 << shift) < limit)
-            | ((h3 << shift) < limit)
-            | ((h4 << shift) < limit)
-        {
-            for (k, h) in [h1, h2, h3, h4].into_iter().enumerate() {
-                if (h << shift) < limit {
-                    out.push((pos + k as u64 + 1) << 8 | level(h).min(255) as u64);
-                }
-            }
-        }
-        hash = h4;
+        hash = step4(hash, q, pos, limit, gear, out);
         pos += 4;
     }
     for &b in quads.remainder() {
@@ -317,6 +396,21 @@ mod tests {
         let set: std::collections::HashSet<_> = a.iter().collect();
         let shared = b.iter().filter(|c| set.contains(c)).count();
         assert!(shared * 10 > a.len() * 9, "{shared} of {}", a.len());
+    }
+
+    #[test]
+    fn two_lanes_find_what_one_does() {
+        let mut bytes = data(1 << 20, 11);
+        bytes[300_000..400_000].fill(0);
+        for (len, hash) in [(4095, 0), (4096, 7), (100_001, u64::MAX), (1 << 20, 12345)] {
+            for min_level in [8, 11] {
+                let (mut one, mut two, mut scratch) = (Vec::new(), Vec::new(), Vec::new());
+                let h1 = scan_seq(&bytes[..len], hash, 99, min_level, &mut one);
+                let h2 = scan_gear(&bytes[..len], hash, 99, min_level, &mut two, &mut scratch);
+                assert_eq!((h1, &one), (h2, &two), "len {len}");
+                assert!(one.len() >= len >> (min_level + 2), "{}", one.len());
+            }
+        }
     }
 
     #[test]

@@ -99,7 +99,7 @@ pub(crate) fn build(
     let recommendation = recommend::recommend(input_bytes, &methods, opts.link_bits_per_s);
     let mut notes = vec![
         format!("output bytes count a {}-byte reference per chunk; exact-dedup index memory is {} bytes per unique chunk (BLAKE3 key, location, table slack)", crate::methods::REF_BYTES, crate::methods::INDEX_ENTRY_BYTES),
-        "exact dedup counts duplicates with xxh3-128 and adds BLAKE3's measured cost at the same chunk size to the CPU time".into(),
+        "exact dedup counts duplicates with xxh3-64 and adds BLAKE3's measured cost at the same chunk size to the CPU time".into(),
         "speed is input MB per CPU second of one core on this machine; local scope deduplicates each image alone, global pools all images".into(),
         format!("similarity + delta uses a window of {} MiB of recent data as delta sources", opts.window_bytes >> 20),
     ];

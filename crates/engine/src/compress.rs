@@ -115,6 +115,23 @@ impl Compressor {
         }
     }
 
+    /// Compresses `data` into `out` (cleared first, its allocation reused) and returns the
+    /// compressed length: for callers that compress many batches and keep only the sizes.
+    pub fn compress_reusing(&mut self, data: &[u8], out: &mut Vec<u8>) -> usize {
+        out.clear();
+        match &mut self.zstd {
+            Some(z) => {
+                out.reserve(zstd::zstd_safe::compress_bound(data.len()));
+                z.compress_to_buffer(data, out)
+                    .expect("the buffer holds the compress bound")
+            }
+            None => {
+                self.method.compress_into(data, out);
+                out.len()
+            }
+        }
+    }
+
     /// Compresses `data` into a new buffer, as [`Compression::compress`] would.
     pub fn compress(&mut self, data: &[u8]) -> Vec<u8> {
         match &mut self.zstd {
