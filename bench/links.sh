@@ -25,7 +25,8 @@
 #                 MODES (default: adaptive dedup); the receiver's chunk Environment holds every
 #                 release it received before; the receiver writes the message out and extracts
 #                 it (in the timed span, after receiving: not streamed)
-#   dedupwire-send  `dedupwire send/serve` on the trees, when the binary has them (see below)
+#   dedupwire send  `dedupwire send SRC HOST:PORT:tree` onto `dedupwire serve`, release i-1's
+#                 tree already there (sent before the measurement), encrypted with a fresh key
 # Bytes: the sender's veth counters (tx + rx bytes of dw-snd's interface: both directions,
 # Ethernet/IP/TCP headers and retransmissions included, offload packets counted as the kernel
 # handed them to the veth). Seconds: wall time from starting the sender until the receiver
@@ -155,9 +156,11 @@ run() {
   # --- dedupwire send/serve (the CLI): a peer row once the binary has these subcommands ---
   if [ -x "$dw" ] && "$dw" serve --help >/dev/null 2>&1; then
     cli=1
-    ip netns exec dw-rcv "$dw" serve --listen "$RCV:7100" --root "$r/root" --insecure-plaintext & pids+=($!)
+    # Encrypted, as the CLI is by default (a fresh key for the run).
+    [ -s "$work/cli.key" ] || "$dw" key generate "$work/cli.key" >/dev/null
+    ip netns exec dw-rcv "$dw" serve --listen "$RCV:7100" --root "$r/root" --key-file "$work/cli.key" & pids+=($!)
     wait_port 7100
-    in_rcv "$dw" send "${releases[0]}" "$RCV:7100:tree" >/dev/null
+    in_rcv "$dw" send "${releases[0]}" "$RCV:7100:tree" --key-file "$work/cli.key" >/dev/null
   fi
   wait_port 8730
   local i
@@ -195,7 +198,7 @@ run() {
     # --- dedupwire send/serve (the CLI), enabled above when present ---
     if [ $cli = 1 ]; then
       b0=$(wire); t0=$(now)
-      in_snd "$dw" send "$src" "$RCV:7100:tree" --json "$r/cli.json" >/dev/null
+      in_snd "$dw" send "$src" "$RCV:7100:tree" --key-file "$work/cli.key" --json "$r/cli.json" >/dev/null
       record "$mbit" "$wl" "$rel" "dedupwire send" $(($(wire) - b0)) "$t0" "$(now)" "$size" "$r/cli.json"
     fi
   done

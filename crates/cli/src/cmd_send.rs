@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use dedupwire_engine::chunk::ChunkerSpec;
 use dedupwire_sync::{manifest, send, BoundedStore, SendOptions};
 use dedupwire_wire::{ChannelConfig, DedupStream, Mode, Role};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -19,6 +20,9 @@ use crate::transport::{self, KeyArgs};
 
 /// Chunk bytes the sender keeps as delta bases.
 const SENDER_STORE_BYTES: usize = 256 << 20;
+/// The channel's chunking levels for trees (CDC averages, coarsest first): a third, 2 KiB
+/// level finds what a changed file kept of its old version, which the receiver holds.
+const SEND_LEVELS: [usize; 3] = [256 << 10, 16 << 10, 2 << 10];
 
 /// Options of `dedupwire send`.
 #[derive(clap::Args)]
@@ -79,10 +83,8 @@ pub fn run(args: Args) -> Result<()> {
     let conn = transport::client(stream, key.as_ref())?;
     // Dedup mode, not adaptive: the receiver must keep the chunks of everything that arrives
     // (a plain segment's chunks are not always kept), or a cut-off send would start over.
-    let config = ChannelConfig {
-        mode: Mode::Dedup,
-        ..ChannelConfig::default()
-    };
+    let mut config = ChannelConfig::with_levels(&SEND_LEVELS.map(ChunkerSpec::cdc))?;
+    config.mode = Mode::Dedup;
     let store = Arc::new(BoundedStore::new(SENDER_STORE_BYTES));
     let mut channel =
         DedupStream::new(conn, store, config, Role::Connect).context("channel handshake failed")?;
