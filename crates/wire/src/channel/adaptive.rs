@@ -50,13 +50,13 @@ const LINK_BOUND_PROBE_EVERY: u64 = 2;
 /// its chunks indexed on both ends for later messages, which a plain one does not (the
 /// receiver keeps its chunks, but the sender learns nothing to find delta bases in it).
 pub const PLAIN_MARGIN: f64 = 1.5;
-/// Plain segments count as link-bound when the sender spends this share of its time waiting
-/// for the other end (blocked writes, or a full window). A receiver slower than the sender
-/// makes it wait too, and keeping chunks would slow it further, hence well above half.
-const LINK_BOUND: f64 = 0.75;
+/// Plain segments count as link-bound when the link's rate limits (see [`LINK_LIMITS`]) and
+/// their wire bytes take it this many times longer than their CPU time: then indexing them
+/// (about the CPU time of compressing them) hides behind the link's draining.
+const LINK_BOUND: f64 = 1.5;
 /// Waits longer than the receiver's reported busy time over this are taken as the link's
 /// doing, not the receiver's.
-const RECEIVER_BOUND: f64 = 0.5;
+const RECEIVER_BOUND: f64 = 0.8;
 /// The link's delivery rate limits the estimates only when the sender spent more than this
 /// share of its time waiting for the other end, and the receiver was not what it waited for.
 const LINK_LIMITS: f64 = 0.25;
@@ -267,8 +267,9 @@ impl Adaptive {
         };
         let link = self.limiting(link);
         self.mode == Mode::Adaptive
-            && self.down_share() > LINK_BOUND
-            && self.plain.is_some_and(|p| p.wire / link > p.secs)
+            && self
+                .plain
+                .is_some_and(|p| p.wire / link > LINK_BOUND * p.secs)
     }
 
     /// A request was answered `rtt` after it was sent.
