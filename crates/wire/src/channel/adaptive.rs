@@ -200,6 +200,11 @@ impl Adaptive {
         }
     }
 
+    /// Whether the link's rate is still unknown (plain segments are then kept regardless).
+    pub(crate) fn warming_up(&self) -> bool {
+        self.link_rate().is_none()
+    }
+
     /// The share of the sender's time spent waiting for the other end.
     fn down_share(&self) -> f64 {
         self.down / self.total.max(1e-9)

@@ -154,6 +154,7 @@ impl Sender {
     ) -> Result<usize> {
         let started = Instant::now();
         let (writes0, wire0) = (link.write_time, link.bytes_written());
+        let mut learning = Duration::ZERO;
         let data = &data[..data.len().min(self.cfg.segment_size)];
         let way = self.adaptive.choose();
         let mut lens = Vec::new();
@@ -196,7 +197,11 @@ impl Sender {
                     body,
                 })?;
                 if keep {
+                    let t = Instant::now();
                     self.learn(&bytes)?;
+                    if self.adaptive.warming_up() {
+                        learning = t.elapsed();
+                    }
                     stats.segments_kept += 1;
                 }
                 stats.segments_plain += 1;
@@ -229,7 +234,9 @@ impl Sender {
                 levels,
                 way,
                 asked: Instant::now(),
-                busy: started.elapsed(),
+                // Indexing a plain segment kept only because the link is not known yet is
+                // a bet on later segments, not what sending plain costs.
+                busy: started.elapsed().saturating_sub(learning),
                 writes: link.write_time - writes0,
                 wire: link.bytes_written() - wire0,
                 awaiting,
