@@ -2,7 +2,6 @@
 //! binary chooses the adapter by the URL scheme. The FerretDB binary is built by
 //! `scripts/ferretdb.sh` when missing; without Go the test prints SKIP (fails under CI).
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -10,6 +9,8 @@ use dedupwire_replicate::mongo::server::{find_binary, FerretServer};
 use mongodb::bson::{doc, Document};
 
 /// Both ends share this passphrase: the connection is encrypted, as by default.
+mod common;
+
 fn dedupwire() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_dedupwire"));
     cmd.env("DEDUPWIRE_KEY", "mongo cli test passphrase");
@@ -69,14 +70,7 @@ fn send_and_receive_replicate_a_mongodb_database() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(receiver.stderr.take().unwrap()).lines();
-    let first = lines.next().unwrap().unwrap();
-    let addr = first
-        .split_whitespace()
-        .find(|w| w.starts_with("127.0.0.1:"))
-        .unwrap_or_else(|| panic!("no address in {first:?}"))
-        .trim_end_matches(',')
-        .to_string();
+    let (addr, _stderr) = common::listening_address(&mut receiver);
     let out = dedupwire()
         .args(["replicate", "send", "--until-drained", "--stats"])
         .args(["--from", &src.url("app"), "--to", &addr])

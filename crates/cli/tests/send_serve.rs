@@ -8,11 +8,12 @@
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, FileTimes};
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime};
+
+mod common;
 
 fn dedupwire() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_dedupwire"));
@@ -58,14 +59,7 @@ impl Server {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let first = lines.next().unwrap().unwrap();
-        let addr = first
-            .split_whitespace()
-            .find(|w| w.starts_with("127.0.0.1:"))
-            .unwrap_or_else(|| panic!("no address in {first:?}"))
-            .trim_end_matches(',')
-            .to_string();
+        let (addr, lines) = common::listening_address(&mut child);
         // Keep draining its log so that it never blocks on a full pipe.
         std::thread::spawn(move || {
             for l in lines.map_while(Result::ok) {
