@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use dedupwire_engine::chunk::ChunkerSpec;
-use dedupwire_sync::{manifest, send, BoundedStore, SendOptions};
+use dedupwire_sync::{manifest, send, BoundedStore, SendCache, SendOptions};
 use dedupwire_wire::{ChannelConfig, DedupStream, Mode, Role};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
@@ -41,6 +41,16 @@ pub struct Args {
     /// No progress bar and no summary.
     #[arg(long, short)]
     quiet: bool,
+    /// Where to keep the files sent, so that a changed file later travels as a delta against
+    /// the version the receiver holds [default: $XDG_CACHE_HOME/dedupwire/send, else
+    /// ~/.cache/dedupwire/send]. It holds up to one copy (zstd-compressed) of the files of
+    /// each destination's current tree, up to 128 MiB each.
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Use no cache (overrides `--cache-dir`): changed files travel as the chunks the
+    /// receiver lacks, without deltas.
+    #[arg(long)]
+    no_cache: bool,
     #[command(flatten)]
     key: KeyArgs,
 }
@@ -92,6 +102,21 @@ pub fn run(args: Args) -> Result<()> {
         args.quiet,
         "{spinner} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {wide_bar}",
     );
+    let cache_dir = if args.no_cache {
+        None
+    } else {
+        args.cache_dir
+            .clone()
+            .or_else(dedupwire_sync::cache::default_dir)
+    };
+    let cache = match cache_dir.map(|d| SendCache::open(&d, &args.dest)) {
+        Some(Ok(c)) => Some(c),
+        Some(Err(e)) => {
+            eprintln!("dedupwire send: warning: not using the cache: {e}");
+            None
+        }
+        None => None,
+    };
     let opts = SendOptions {
         dry_run: args.dry_run,
         ..SendOptions::default()
@@ -102,6 +127,7 @@ pub fn run(args: Args) -> Result<()> {
         name.as_bytes(),
         &scan.manifest,
         &opts,
+        cache.as_ref(),
         &mut |done, total| {
             sending.set_length(total);
             sending.set_position(done);
@@ -110,6 +136,15 @@ pub fn run(args: Args) -> Result<()> {
     .with_context(|| format!("sending {} to {}", args.src.display(), args.dest))?;
     sending.finish_and_clear();
     let _ = channel.close();
+    let mut cache_warning = report.cache_warning.clone();
+    if let (Some(c), false) = (cache, args.dry_run) {
+        if let Err(e) = c.finish(&scan.manifest) {
+            cache_warning.get_or_insert_with(|| e.to_string());
+        }
+    }
+    if let Some(w) = &cache_warning {
+        eprintln!("dedupwire send: warning: the cache was not updated ({w}); the next send may move more bytes");
+    }
 
     let d = &report.diff;
     let c = &report.channel;
@@ -156,6 +191,9 @@ pub fn run(args: Args) -> Result<()> {
             "bytes_read": scan.bytes_read + report.bytes_read,
             "bytes_scanned": scan.bytes_read,
             "files_sent": report.files_sent,
+            "files_delta": report.files_delta,
+            "bytes_delta_files": report.bytes_delta_files,
+            "delta_bytes": report.delta_bytes,
             "bytes_needed": report.bytes_needed,
             "socket_bytes_sent": c.socket_bytes_sent,
             "socket_bytes_received": c.socket_bytes_received,

@@ -18,6 +18,11 @@ mod common;
 fn dedupwire() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_dedupwire"));
     c.env_remove("DEDUPWIRE_KEY");
+    // The sender's cache goes here, not into the user's ~/.cache.
+    c.env(
+        "XDG_CACHE_HOME",
+        std::env::temp_dir().join(format!("dedupwire-send-serve-cache-{}", std::process::id())),
+    );
     c
 }
 
@@ -300,6 +305,29 @@ fn a_tree_is_copied_exactly_then_updated_with_few_bytes() {
         bytes_sent(&second),
         bytes_sent(&first)
     );
+    // The edited file went as a delta against the first version, kept in the cache.
+    assert_eq!(second["files_delta"], 1, "{second}");
+    assert!(second["delta_bytes"].as_u64().unwrap() < 1_000, "{second}");
+    assert!(bytes_sent(&second) < 10_000, "{second}");
+
+    // Without the cache (or with an empty one) the same edit costs chunks, not a delta.
+    big[2_000_000..2_000_100].copy_from_slice(&[9; 100]);
+    write(&src.join("data/big.bin"), &big, 0o644, 1_700_000_003);
+    let third = send(&src, &server.dest("t"), &key, &["--no-cache"]);
+    assert_same_tree(&src, &root.join("t"));
+    assert_eq!(third["files_delta"], 0, "{third}");
+    big[2_500_000..2_500_100].copy_from_slice(&[3; 100]);
+    write(&src.join("data/big.bin"), &big, 0o644, 1_700_000_004);
+    let fresh = dir.join("fresh-cache");
+    let fourth = send(
+        &src,
+        &server.dest("t"),
+        &key,
+        &["--cache-dir", fresh.to_str().unwrap()],
+    );
+    assert_same_tree(&src, &root.join("t"));
+    assert_eq!(fourth["files_delta"], 0, "{fourth}");
+    assert!(bytes_sent(&third) > bytes_sent(&second), "{third} {second}");
 
     // Deleting everything but one file deletes on the receiver too.
     for p in ["bin", "data", "empty"] {

@@ -24,7 +24,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -265,6 +265,36 @@ impl TreeRoot {
         Ok(manifest::scan(&self.tree_path(name), &mut |_| {})?.manifest)
     }
 
+    /// The contents of the current tree's file `entry` (of its manifest), checked against
+    /// the entry's size and hash: the base a delta from the sender is applied to.
+    pub fn read_base(&self, name: &[u8], entry: &Entry) -> Result<Vec<u8>> {
+        let Kind::File { size, hash } = entry.kind else {
+            return Err(Error::Protocol(format!(
+                "{} is not a file",
+                entry.display()
+            )));
+        };
+        let path = self.tree_path(name).join(entry.rel_path());
+        let mut f = OpenOptions::new()
+            .read(true)
+            .custom_flags(OFlags::NOFOLLOW.bits() as i32)
+            .open(&path)
+            .map_err(io_at(&path))?;
+        let mut bytes = Vec::with_capacity(size as usize);
+        (&mut f)
+            .take(size + 1)
+            .read_to_end(&mut bytes)
+            .map_err(io_at(&path))?;
+        if bytes.len() as u64 != size || *blake3::hash(&bytes).as_bytes() != hash {
+            return Err(Error::Mismatch(format!(
+                "{}: changed on this end since it was indexed, so the delta the sender made \
+                 against it cannot be applied; run the send again",
+                path.display()
+            )));
+        }
+        Ok(bytes)
+    }
+
     /// Where each entry of `new` comes from, given the current tree `old` of `name`: files
     /// whose contents are somewhere in the current tree (checked by size and mtime against
     /// the manifest, or by hash when those differ) are taken from there.
@@ -441,6 +471,11 @@ impl Staging<'_> {
     /// it must send them.
     pub fn needed(&self) -> &[usize] {
         &self.needed
+    }
+
+    /// The new version's manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
     }
 
     /// The next bytes of entry `index`: the file the sender is on, or the next needed one.

@@ -10,6 +10,8 @@
 //!   contents, each file checked against its hash, swapped in with one atomic rename, so
 //!   `ROOT/NAME` is always either the old version or the new one;
 //! - [`session`]: the conversation over a [`DedupStream`](dedupwire_wire::DedupStream);
+//! - [`cache`]: the sender's cache of what it sent, so that a changed file travels as a
+//!   delta against the version the receiver holds;
 //! - [`BoundedStore`]: the sender's chunk store.
 //!
 //! What is preserved: file contents, permission bits (without set-user-ID / set-group-ID),
@@ -21,6 +23,7 @@
 #![deny(missing_docs)]
 
 pub mod apply;
+pub mod cache;
 mod error;
 pub mod manifest;
 pub mod plan;
@@ -28,6 +31,7 @@ pub mod session;
 mod store;
 
 pub use apply::TreeRoot;
+pub use cache::SendCache;
 pub use error::{Error, Result};
 pub use manifest::{Entry, Kind, Manifest};
 pub use session::{send, serve, SendOptions, SendReport, ServeReport};

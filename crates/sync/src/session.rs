@@ -14,30 +14,49 @@
 //! earlier versions, or from a send that was cut off) cost only their chunk ids: this is what
 //! makes an interrupted send resume cheaply, as the store is synced after every session.
 
+use std::collections::{BTreeMap, HashMap};
 use std::fs::OpenOptions;
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use dedupwire_engine::delta::{DeltaCodec, Sampled};
 use dedupwire_wire::{ChannelStats, ChunkStore, DedupStream};
 
 use crate::apply::{Source, TreeRoot};
+use crate::cache::{SendCache, DELTA_MAX};
 use crate::error::{io_at, Error, Result};
 use crate::manifest::{Kind, Manifest};
 use crate::plan::{self, Change, Diff};
 
 /// The session protocol's version (in OFFER).
-pub const SESSION_VERSION: u8 = 1;
+pub const SESSION_VERSION: u8 = 2;
 const OFFER: u8 = b'O';
 const PLAN: u8 = b'P';
 const DATA: u8 = b'D';
 const COMMIT: u8 = b'C';
 const DONE: u8 = b'K';
 const ERROR: u8 = b'E';
+const RESEND: u8 = b'R';
+/// OFFER's manifest: whole, or a delta against the manifest of the receiver's current tree.
+const FORM_FULL: u8 = 0;
+const FORM_DELTA: u8 = 1;
+/// The largest manifest a delta may rebuild.
+const MANIFEST_MAX: usize = 1 << 30;
 const FLAG_DRY_RUN: u8 = 1;
+/// DATA piece kinds: a file's next bytes; a part of its delta with more to come; the last.
+const PIECE_BYTES: u8 = b'B';
+const PIECE_DELTA: u8 = b'd';
+const PIECE_DELTA_END: u8 = b'e';
+/// Bytes of a base's BLAKE3 that name it in PLAN.
+const BASE_PREFIX: usize = 8;
+/// A delta is sent only when its raw bytes are below this share of the file's.
+const DELTA_WORTH: f64 = 0.9;
 /// The largest piece of a file in one DATA message.
 const MAX_PIECE: usize = 8 << 20;
+/// A piece's kind, entry index and length.
+const PIECE_HEADER: usize = 9;
 
 /// How a send behaves.
 #[derive(Debug, Clone)]
@@ -68,6 +87,15 @@ pub struct SendReport {
     pub bytes_needed: u64,
     /// Bytes read from the source files while sending.
     pub bytes_read: u64,
+    /// Files sent as a delta against the version the receiver holds.
+    pub files_delta: u64,
+    /// Those files' bytes.
+    pub bytes_delta_files: u64,
+    /// The raw size of their deltas (before the channel's compression).
+    pub delta_bytes: u64,
+    /// Why the sender's cache could not be used or updated, if it could not (the send itself
+    /// does not depend on it).
+    pub cache_warning: Option<String>,
     /// The channel's counters.
     pub channel: ChannelStats,
     /// Time from OFFER to DONE.
@@ -85,6 +113,8 @@ pub struct ServeReport {
     pub diff: Diff,
     /// Files written from the sender's bytes.
     pub files_received: u64,
+    /// Of those, files rebuilt from a delta against their old version.
+    pub files_delta: u64,
     /// Their bytes.
     pub bytes_received: u64,
 }
@@ -173,12 +203,17 @@ fn recv_msg<S: Read + Write>(stream: &mut DedupStream<S>) -> Result<Vec<u8>> {
 
 /// Sends the tree at `src` (scanned into `manifest`) as `name`; `progress(done, total)` sees
 /// content bytes as they go. Returns once the receiver has swapped the new version in.
+///
+/// With a `cache`, a changed file whose old version (as the receiver names it) the cache
+/// holds travels as a delta against it, and every file sent is kept in the cache for next
+/// time; the cache failing only costs those savings (see [`SendReport::cache_warning`]).
 pub fn send<S: Read + Write>(
     stream: &mut DedupStream<S>,
     src: &Path,
     name: &[u8],
     manifest: &Manifest,
     opts: &SendOptions,
+    cache: Option<&SendCache>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<SendReport> {
     let started = Instant::now();
@@ -189,13 +224,226 @@ pub fn send<S: Read + Write>(
     ];
     put_u16(&mut offer, name.len());
     offer.extend_from_slice(name);
-    offer.extend_from_slice(&manifest.encode());
+    let head = offer.len();
+    let encoded = manifest.encode();
+    match cache.and_then(SendCache::last_manifest) {
+        Some(base) => {
+            offer.push(FORM_DELTA);
+            offer.extend_from_slice(blake3::hash(&base).as_bytes());
+            Sampled::default().encode(&base, &encoded, &mut offer);
+        }
+        None => {
+            offer.push(FORM_FULL);
+            offer.extend_from_slice(&encoded);
+        }
+    }
     send_msg(stream, &offer)?;
 
-    let plan = recv_msg(stream)?;
-    expect(&plan, PLAN, "PLAN")?;
+    let mut plan = recv_msg(stream)?;
+    if plan == [RESEND] {
+        offer.truncate(head);
+        offer.push(FORM_FULL);
+        offer.extend_from_slice(&encoded);
+        send_msg(stream, &offer)?;
+        plan = recv_msg(stream)?;
+    }
+    let (diff, need, bases) = parse_plan(&plan, manifest)?;
+    let bytes_needed: u64 = need.iter().map(|&i| manifest.entries[i].size()).sum();
+    let mut report = SendReport {
+        diff,
+        files_sent: need.len() as u64,
+        bytes_needed,
+        ..SendReport::default()
+    };
+    if opts.dry_run {
+        report.channel = stream.stats();
+        report.elapsed = started.elapsed();
+        return Ok(report);
+    }
+
+    let mut out = Batcher {
+        batch: vec![DATA],
+        limit: opts.batch_bytes,
+    };
+    let codec = Sampled::default();
+    let mut delta = Vec::new();
+    let mut done = 0u64;
+    progress(0, bytes_needed);
+    let warn = |report: &mut SendReport, e: Error| {
+        report.cache_warning.get_or_insert_with(|| e.to_string());
+    };
+    for &i in &need {
+        let e = &manifest.entries[i];
+        let Kind::File { size, hash } = e.kind else {
+            unreachable!("checked in parse_plan")
+        };
+        let path = src.join(e.rel_path());
+        let mut f = OpenOptions::new()
+            .read(true)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(&path)
+            .map_err(io_at(&path))?;
+        if size <= DELTA_MAX {
+            let mut data = vec![0; size as usize];
+            read_full(&mut f, &path, &mut data)?;
+            report.bytes_read += size;
+            if *blake3::hash(&data).as_bytes() != hash {
+                return Err(changed_while_sent(&path));
+            }
+            let base = match (cache, bases.get(&i)) {
+                (Some(c), Some(prefix)) => c.base(prefix),
+                _ => None,
+            };
+            let mut as_delta = false;
+            if let Some(base) = base {
+                delta.clear();
+                codec.encode(&base, &data, &mut delta);
+                as_delta = (delta.len() as f64) < size as f64 * DELTA_WORTH;
+            }
+            if as_delta {
+                out.pieces(stream, i, &delta, PIECE_DELTA, PIECE_DELTA_END)?;
+                report.files_delta += 1;
+                report.bytes_delta_files += size;
+                report.delta_bytes += delta.len() as u64;
+            } else {
+                out.pieces(stream, i, &data, PIECE_BYTES, PIECE_BYTES)?;
+            }
+            if let Some(c) = cache {
+                if let Err(e) = c.put(&hash, &data) {
+                    warn(&mut report, e);
+                }
+            }
+            done += size;
+            progress(done, bytes_needed);
+            continue;
+        }
+        let mut h = blake3::Hasher::new();
+        let mut left = size;
+        while left > 0 {
+            let want = left.min(MAX_PIECE as u64).min(out.room() as u64) as usize;
+            let buf = out.open_piece(i, PIECE_BYTES, want);
+            read_full(&mut f, &path, buf)?;
+            h.update(buf);
+            left -= want as u64;
+            done += want as u64;
+            report.bytes_read += want as u64;
+            if out.flush_if_full(stream)? {
+                progress(done, bytes_needed);
+            }
+        }
+        if *h.finalize().as_bytes() != hash {
+            return Err(changed_while_sent(&path));
+        }
+    }
+    out.flush(stream)?;
+    progress(done, bytes_needed);
+    send_msg(stream, &[COMMIT])?;
+    let m = recv_msg(stream)?;
+    expect(&m, DONE, "DONE")?;
+    report.channel = stream.stats();
+    report.elapsed = started.elapsed();
+    Ok(report)
+}
+
+fn changed_while_sent(path: &Path) -> Error {
+    Error::Mismatch(format!(
+        "{}: changed while being sent; run the send again",
+        path.display()
+    ))
+}
+
+/// Fills `buf` from `f`; a file shorter than scanned is an error.
+fn read_full(f: &mut std::fs::File, path: &Path, buf: &mut [u8]) -> Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        match f.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(k) => got += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io_at(path)(e)),
+        }
+    }
+    if got < buf.len() {
+        return Err(Error::Mismatch(format!(
+            "{}: shorter than when it was scanned (changed while being sent)",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+/// DATA messages being filled with pieces, sent when about `limit` bytes long.
+struct Batcher {
+    batch: Vec<u8>,
+    limit: usize,
+}
+
+impl Batcher {
+    /// Content bytes the next piece may carry.
+    fn room(&self) -> usize {
+        self.limit
+            .saturating_sub(self.batch.len() + PIECE_HEADER)
+            .max(64 << 10)
+    }
+
+    /// Appends a piece header and `len` zero bytes for the caller to fill.
+    fn open_piece(&mut self, index: usize, kind: u8, len: usize) -> &mut [u8] {
+        self.batch.push(kind);
+        put_u32(&mut self.batch, index);
+        put_u32(&mut self.batch, len);
+        let start = self.batch.len();
+        self.batch.resize(start + len, 0);
+        &mut self.batch[start..]
+    }
+
+    /// Appends `bytes` as pieces of entry `index`: `kind` for each but the last, `last` for
+    /// the last.
+    fn pieces<S: Read + Write>(
+        &mut self,
+        stream: &mut DedupStream<S>,
+        index: usize,
+        mut bytes: &[u8],
+        kind: u8,
+        last: u8,
+    ) -> Result<()> {
+        loop {
+            let n = bytes.len().min(MAX_PIECE).min(self.room());
+            let (head, rest) = bytes.split_at(n);
+            let k = if rest.is_empty() { last } else { kind };
+            self.open_piece(index, k, n).copy_from_slice(head);
+            bytes = rest;
+            self.flush_if_full(stream)?;
+            if bytes.is_empty() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Sends the batch if it is full; whether it did.
+    fn flush_if_full<S: Read + Write>(&mut self, stream: &mut DedupStream<S>) -> Result<bool> {
+        if self.batch.len() + PIECE_HEADER >= self.limit {
+            self.flush(stream)?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    fn flush<S: Read + Write>(&mut self, stream: &mut DedupStream<S>) -> Result<()> {
+        if self.batch.len() > 1 {
+            send_msg(stream, &self.batch)?;
+            self.batch.truncate(1);
+        }
+        Ok(())
+    }
+}
+
+type Plan = (Diff, Vec<usize>, HashMap<usize, [u8; BASE_PREFIX]>);
+
+/// Reads PLAN: the diff, the entries to send in order, and the bases the receiver holds.
+fn parse_plan(plan: &[u8], manifest: &Manifest) -> Result<Plan> {
+    expect(plan, PLAN, "PLAN")?;
     let mut c = Cursor {
-        buf: &plan,
+        buf: plan,
         pos: 1,
         what: "PLAN",
     };
@@ -218,6 +466,18 @@ pub fn send<S: Read + Write>(
         }
         need.push(i);
     }
+    let n = c.u32()?;
+    let mut bases = HashMap::with_capacity(n.min(need.len()));
+    let mut last = None;
+    for _ in 0..n {
+        let i = c.u32()?;
+        let prefix: [u8; BASE_PREFIX] = c.take(BASE_PREFIX)?.try_into().expect("sized");
+        if need.binary_search(&i).is_err() || last.is_some_and(|l| l >= i) {
+            return Err(Error::Protocol(format!("PLAN names a base for entry {i}")));
+        }
+        last = Some(i);
+        bases.insert(i, prefix);
+    }
     let changes = c.u32()?;
     for _ in 0..changes {
         let sym = c.take(1)?[0];
@@ -233,88 +493,7 @@ pub fn send<S: Read + Write>(
     if !c.done() {
         return Err(Error::Protocol("bytes after the PLAN".into()));
     }
-    let bytes_needed: u64 = need.iter().map(|&i| manifest.entries[i].size()).sum();
-    let mut report = SendReport {
-        diff,
-        files_sent: need.len() as u64,
-        bytes_needed,
-        ..SendReport::default()
-    };
-    if opts.dry_run {
-        report.channel = stream.stats();
-        report.elapsed = started.elapsed();
-        return Ok(report);
-    }
-
-    let mut batch = vec![DATA];
-    let mut done = 0u64;
-    progress(0, bytes_needed);
-    for &i in &need {
-        let e = &manifest.entries[i];
-        let Kind::File { size, hash } = e.kind else {
-            unreachable!("checked above")
-        };
-        let path = src.join(e.rel_path());
-        let mut f = OpenOptions::new()
-            .read(true)
-            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-            .open(&path)
-            .map_err(io_at(&path))?;
-        let mut h = blake3::Hasher::new();
-        let mut left = size;
-        while left > 0 {
-            let room = opts
-                .batch_bytes
-                .saturating_sub(batch.len() + 8)
-                .max(64 << 10);
-            let want = left.min(MAX_PIECE as u64).min(room as u64) as usize;
-            let start = batch.len();
-            put_u32(&mut batch, i);
-            put_u32(&mut batch, want);
-            batch.resize(start + 8 + want, 0);
-            let buf = &mut batch[start + 8..];
-            let mut got = 0;
-            while got < want {
-                match f.read(&mut buf[got..]) {
-                    Ok(0) => break,
-                    Ok(k) => got += k,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(io_at(&path)(e)),
-                }
-            }
-            if got < want {
-                return Err(Error::Mismatch(format!(
-                    "{}: shorter than when it was scanned (changed while being sent)",
-                    path.display()
-                )));
-            }
-            h.update(buf);
-            left -= want as u64;
-            done += want as u64;
-            report.bytes_read += want as u64;
-            if batch.len() + 8 >= opts.batch_bytes {
-                send_msg(stream, &batch)?;
-                batch.truncate(1);
-                progress(done, bytes_needed);
-            }
-        }
-        if *h.finalize().as_bytes() != hash {
-            return Err(Error::Mismatch(format!(
-                "{}: changed while being sent; run the send again",
-                path.display()
-            )));
-        }
-    }
-    if batch.len() > 1 {
-        send_msg(stream, &batch)?;
-    }
-    progress(done, bytes_needed);
-    send_msg(stream, &[COMMIT])?;
-    let m = recv_msg(stream)?;
-    expect(&m, DONE, "DONE")?;
-    report.channel = stream.stats();
-    report.elapsed = started.elapsed();
-    Ok(report)
+    Ok((diff, need, bases))
 }
 
 /// Receives one tree into `root` from the sender at the other end of `stream`, then syncs
@@ -365,9 +544,35 @@ fn serve_inner<S: Read + Write>(
     report.name = String::from_utf8_lossy(&name).into_owned();
     report.dry_run = dry_run;
     let lock = root.lock(&name)?;
-    let new = Manifest::decode(&offer[c.pos..])?;
-    drop(offer);
     let old = root.current(&name)?;
+    let (head, header) = (c.pos, offer[..c.pos].to_vec());
+    let form = c.take(1)?[0];
+    let new = match form {
+        FORM_FULL => Manifest::decode(&offer[c.pos..])?,
+        FORM_DELTA => {
+            let base_hash = c.take(32)?;
+            let base = old.encode();
+            if blake3::hash(&base).as_bytes()[..] == *base_hash {
+                let mut encoded = Vec::new();
+                Sampled::default()
+                    .decode(&base, &offer[c.pos..], MANIFEST_MAX, &mut encoded)
+                    .map_err(|e| Error::Manifest(format!("its delta: {e}")))?;
+                Manifest::decode(&encoded)?
+            } else {
+                drop(offer);
+                stream.send(&[RESEND])?;
+                let again = recv_msg(stream)?;
+                expect(&again, OFFER, "OFFER")?;
+                if again.get(..head) != Some(&header[..]) || again.get(head) != Some(&FORM_FULL) {
+                    return Err(Error::Protocol(
+                        "the second OFFER is not the first with its whole manifest".into(),
+                    ));
+                }
+                Manifest::decode(&again[head + 1..])?
+            }
+        }
+        _ => return Err(Error::Protocol(format!("OFFER manifest form {form:#04x}"))),
+    };
     let diff = plan::diff(&old, &new);
     let sources = root.resolve(&name, &old, &new);
     let mut plan = vec![PLAN];
@@ -398,6 +603,7 @@ fn serve_inner<S: Read + Write>(
     };
     if dry_run {
         put_needed(&mut plan, &needed);
+        put_u32(&mut plan, 0);
         put_u32(&mut plan, report.diff.changes.len());
         for (change, path) in &report.diff.changes {
             plan.push(change.symbol() as u8);
@@ -408,11 +614,22 @@ fn serve_inner<S: Read + Write>(
         return Ok(());
     }
     report.diff.changes.clear();
+    let bases = delta_bases(&old, &new, &needed);
     let mut staging = root.begin(&lock, &old, new, &sources)?;
     debug_assert_eq!(staging.needed(), &needed[..]);
     put_needed(&mut plan, staging.needed());
+    put_u32(&mut plan, bases.len());
+    for (&i, &j) in &bases {
+        put_u32(&mut plan, i);
+        let Kind::File { hash, .. } = old.entries[j].kind else {
+            unreachable!("delta_bases picks files")
+        };
+        plan.extend_from_slice(&hash[..BASE_PREFIX]);
+    }
     put_u32(&mut plan, 0);
     stream.send(&plan)?;
+    let codec = Sampled::default();
+    let mut pending: Option<(usize, Vec<u8>)> = None;
     loop {
         let m = recv_msg(stream)?;
         match m.first() {
@@ -423,20 +640,91 @@ fn serve_inner<S: Read + Write>(
                     what: "DATA",
                 };
                 while !c.done() {
+                    let kind = c.take(1)?[0];
                     let i = c.u32()?;
                     let len = c.u32()?;
                     let bytes = c.take(len)?;
                     if bytes.is_empty() {
                         return Err(Error::Protocol("an empty DATA piece".into()));
                     }
-                    staging.write(i, bytes)?;
+                    if kind == PIECE_BYTES {
+                        if let Some((p, _)) = pending {
+                            return Err(Error::Protocol(format!(
+                                "contents for entry {i} while the delta of entry {p} is incomplete"
+                            )));
+                        }
+                        staging.write(i, bytes)?;
+                        continue;
+                    }
+                    if kind != PIECE_DELTA && kind != PIECE_DELTA_END {
+                        return Err(Error::Protocol(format!("DATA piece kind {kind:#04x}")));
+                    }
+                    let Some(&j) = bases.get(&i) else {
+                        return Err(Error::Protocol(format!(
+                            "a delta for entry {i}, which has no base"
+                        )));
+                    };
+                    let size = staging.manifest().entries[i].size();
+                    let (p, delta) = pending.get_or_insert_with(|| (i, Vec::new()));
+                    if *p != i {
+                        return Err(Error::Protocol(format!(
+                            "a delta for entry {i} while the delta of entry {p} is incomplete"
+                        )));
+                    }
+                    if (delta.len() + bytes.len()) as u64 > size + 64 {
+                        return Err(Error::Protocol(format!(
+                            "the delta of entry {i} is longer than the file"
+                        )));
+                    }
+                    delta.extend_from_slice(bytes);
+                    if kind == PIECE_DELTA_END {
+                        let (_, delta) = pending.take().expect("set above");
+                        let base = root.read_base(&name, &old.entries[j])?;
+                        let mut file = Vec::with_capacity(size as usize);
+                        codec
+                            .decode(&base, &delta, size as usize, &mut file)
+                            .map_err(|e| Error::Protocol(format!("the delta of entry {i}: {e}")))?;
+                        if file.len() as u64 != size {
+                            return Err(Error::Mismatch(format!(
+                                "{}: the delta rebuilt {} bytes of {size}",
+                                staging.manifest().entries[i].display(),
+                                file.len()
+                            )));
+                        }
+                        staging.write(i, &file)?;
+                        report.files_delta += 1;
+                    }
                 }
             }
-            Some(&COMMIT) if m.len() == 1 => break,
+            Some(&COMMIT) if m.len() == 1 => {
+                if let Some((p, _)) = pending {
+                    return Err(Error::Protocol(format!(
+                        "COMMIT while the delta of entry {p} is incomplete"
+                    )));
+                }
+                break;
+            }
             _ => expect(&m, COMMIT, "DATA or COMMIT")?,
         }
     }
     staging.commit()?;
     stream.send(&[DONE])?;
     Ok(())
+}
+
+/// For each needed file of `new`, the file at the same path in `old` that both ends may
+/// hold in memory: the base its delta would be against (new index -> old index).
+fn delta_bases(old: &Manifest, new: &Manifest, needed: &[usize]) -> BTreeMap<usize, usize> {
+    let by_path: HashMap<&[u8], usize> = old
+        .entries
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| matches!(e.kind, Kind::File { size, .. } if size > 0 && size <= DELTA_MAX))
+        .map(|(j, e)| (&e.path[..], j))
+        .collect();
+    needed
+        .iter()
+        .filter(|&&i| new.entries[i].size() <= DELTA_MAX)
+        .filter_map(|&i| by_path.get(&new.entries[i].path[..]).map(|&j| (i, j)))
+        .collect()
 }

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use dedupwire_sync::manifest::{self, Entry, Kind, Manifest};
-use dedupwire_sync::{send, serve, Error, SendOptions, ServeReport, TreeRoot};
+use dedupwire_sync::{send, serve, Error, SendCache, SendOptions, ServeReport, TreeRoot};
 use dedupwire_wire::{ChannelConfig, DedupStream, MemoryStore, Role};
 
 /// Runs one session: `send` of `manifest` from `src` as `name` against `serve` into `root`.
@@ -17,6 +17,7 @@ fn session(
     src: &Path,
     name: &[u8],
     manifest: &Manifest,
+    cache: Option<&SendCache>,
 ) -> (
     Result<dedupwire_sync::SendReport, Error>,
     Result<ServeReport, Error>,
@@ -43,6 +44,7 @@ fn session(
         name,
         manifest,
         &SendOptions::default(),
+        cache,
         &mut |_, _| {},
     );
     drop(c);
@@ -67,7 +69,7 @@ fn a_tree_arrives_whole() {
     std::os::unix::fs::symlink("f", src.join("d/l")).unwrap();
     let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
     let root = t.path().join("root");
-    let (sent, served) = session(&root, &src, b"copy", &m);
+    let (sent, served) = session(&root, &src, b"copy", &m, None);
     let sent = sent.unwrap();
     assert_eq!(sent.files_sent, 1);
     assert_eq!(served.unwrap().diff.files_new, 2);
@@ -100,7 +102,7 @@ fn a_hostile_manifest_is_refused_and_nothing_changes() {
     fs::create_dir_all(&src).unwrap();
     let root = t.path().join("root");
     for path in ["../../escape", "/etc/evil", "a/../../b", "./x"] {
-        let (sent, served) = session(&root, &src, b"t", &hostile(path));
+        let (sent, served) = session(&root, &src, b"t", &hostile(path), None);
         assert!(
             matches!(served, Err(Error::Manifest(_))),
             "{path}: {served:?}"
@@ -111,7 +113,7 @@ fn a_hostile_manifest_is_refused_and_nothing_changes() {
         assert!(!t.path().join("escape").exists());
     }
     for name in ["..", "a/b", ".dedupwire", ""] {
-        let (sent, served) = session(&root, &src, name.as_bytes(), &hostile("ok"));
+        let (sent, served) = session(&root, &src, name.as_bytes(), &hostile("ok"), None);
         assert!(
             matches!(served, Err(Error::Refused(_))),
             "{name}: {served:?}"
@@ -122,4 +124,123 @@ fn a_hostile_manifest_is_refused_and_nothing_changes() {
         );
         assert_eq!(listing(&root), [".dedupwire"], "{name}");
     }
+}
+
+/// Deterministic bytes that do not compress.
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A 2 MB file with a few bytes changed in four places.
+fn edited(old: &[u8]) -> Vec<u8> {
+    let mut new = old.to_vec();
+    for at in [1000, 500_000, 1_200_000, 1_999_000] {
+        new[at..at + 40].copy_from_slice(&noise(at as u64, 40));
+    }
+    new
+}
+
+#[test]
+fn a_changed_file_travels_as_a_delta_against_the_cached_old_version() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    let old = noise(1, 2_000_000);
+    fs::write(src.join("big"), &old).unwrap();
+    fs::write(src.join("small"), b"unchanged").unwrap();
+    let root = t.path().join("root");
+    let cache = SendCache::open(&t.path().join("cache"), "peer:1:t").unwrap();
+    let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
+    let (sent, _) = session(&root, &src, b"t", &m, Some(&cache));
+    assert_eq!(sent.unwrap().files_delta, 0, "nothing to delta against yet");
+    cache.finish(&m).unwrap();
+
+    fs::write(src.join("big"), edited(&old)).unwrap();
+    let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
+    let cache = SendCache::open(&t.path().join("cache"), "peer:1:t").unwrap();
+    let (sent, served) = session(&root, &src, b"t", &m, Some(&cache));
+    let (sent, served) = (sent.unwrap(), served.unwrap());
+    assert_eq!((sent.files_delta, served.files_delta), (1, 1));
+    assert!(sent.delta_bytes < 2_000, "{} delta bytes", sent.delta_bytes);
+    assert!(
+        sent.channel.socket_bytes_sent < 20_000,
+        "{} bytes sent",
+        sent.channel.socket_bytes_sent
+    );
+    let got = manifest::scan(&root.join("t"), &mut |_| {})
+        .unwrap()
+        .manifest;
+    assert_eq!(got, m);
+}
+
+#[test]
+fn a_base_changed_on_the_receiver_is_a_clear_error_and_the_tree_stays() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    let old = noise(2, 2_000_000);
+    fs::write(src.join("big"), &old).unwrap();
+    let root = t.path().join("root");
+    let cache_dir = t.path().join("cache");
+    let cache = SendCache::open(&cache_dir, "peer:1:t").unwrap();
+    let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
+    session(&root, &src, b"t", &m, Some(&cache)).0.unwrap();
+    cache.finish(&m).unwrap();
+
+    // Damaged in place on the receiver, same size and modification time: the manifest it
+    // keeps still names the old contents.
+    let there = root.join("t/big");
+    let md = fs::metadata(&there).unwrap();
+    let mut damaged = old.clone();
+    damaged[10] ^= 0xff;
+    fs::write(&there, &damaged).unwrap();
+    let f = fs::File::options().write(true).open(&there).unwrap();
+    f.set_modified(md.modified().unwrap()).unwrap();
+    drop(f);
+
+    fs::write(src.join("big"), edited(&old)).unwrap();
+    let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
+    let cache = SendCache::open(&cache_dir, "peer:1:t").unwrap();
+    let (sent, served) = session(&root, &src, b"t", &m, Some(&cache));
+    let e = served.unwrap_err().to_string();
+    assert!(e.contains("changed on this end"), "{e}");
+    assert!(sent.is_err());
+    assert_eq!(fs::read(&there).unwrap(), damaged, "the tree is as it was");
+}
+
+#[test]
+fn a_receiver_without_the_cached_tree_gets_the_whole_manifest() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), noise(3, 100_000)).unwrap();
+    let cache_dir = t.path().join("cache");
+    let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
+    let cache = SendCache::open(&cache_dir, "peer:1:t").unwrap();
+    session(&t.path().join("one"), &src, b"t", &m, Some(&cache))
+        .0
+        .unwrap();
+    cache.finish(&m).unwrap();
+
+    // Another receiver behind the same address: its tree is not the one the cache recorded,
+    // so it asks for the whole manifest and the send still completes.
+    fs::write(src.join("g"), b"more").unwrap();
+    let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
+    let cache = SendCache::open(&cache_dir, "peer:1:t").unwrap();
+    let other = t.path().join("other");
+    let (sent, served) = session(&other, &src, b"t", &m, Some(&cache));
+    assert_eq!(sent.unwrap().diff.files_new, 2);
+    assert_eq!(served.unwrap().files_received, 2);
+    let got = manifest::scan(&other.join("t"), &mut |_| {})
+        .unwrap()
+        .manifest;
+    assert_eq!(got, m);
 }

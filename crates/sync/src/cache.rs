@@ -1,0 +1,379 @@
+//! The sender's cache of what it sent: file contents by BLAKE3, so that a changed file
+//! travels as a delta against the version the receiver holds (which the receiver names by
+//! hash in its PLAN), and, per destination, the hashes of the tree last sent there (what the
+//! cache keeps).
+//!
+//! ```text
+//! DIR/lock                 flock: shared while a send uses the cache, exclusive to sweep
+//! DIR/objects/ab/<hex>     a zstd frame of one file's contents, named by their BLAKE3
+//! DIR/dests/<hex>          "DWSC" 2 manifest: the tree last sent to one destination (named
+//!                          by BLAKE3 of HOST:PORT:NAME, first 16 bytes), the base of the
+//!                          next OFFER's manifest delta
+//! ```
+//!
+//! Nothing here is trusted: an object is used only if it decompresses (within the size
+//! limit) to bytes with the hash it is named by, so a torn or damaged object is just a
+//! miss (and removed). Objects are written to a temporary name and renamed, so a reader never
+//! sees a half-written one under its final name. After a send completes, its destination's
+//! record is replaced and objects no destination names are removed, unless another send
+//! holds the cache (then a later send sweeps).
+
+use std::collections::HashSet;
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rustix::fs::{flock, FlockOperation};
+
+use crate::error::{io_at, Error, Result};
+use crate::manifest::{Kind, Manifest};
+
+/// Files larger than this are neither cached nor delta-encoded (both ends hold a file of up
+/// to this size, its base and the delta in memory).
+pub const DELTA_MAX: u64 = 128 << 20;
+/// The zstd level objects are stored at (fast: the cache is written on every send).
+const LEVEL: i32 = 1;
+const DEST_MAGIC: &[u8; 4] = b"DWSC";
+const DEST_VERSION: u8 = 2;
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The default cache directory: `$XDG_CACHE_HOME/dedupwire/send`, else
+/// `$HOME/.cache/dedupwire/send`; `None` when neither is set.
+pub fn default_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|h| PathBuf::from(h).join(".cache"))
+        })?;
+    Some(base.join("dedupwire").join("send"))
+}
+
+/// An open sender cache, bound to one destination.
+#[derive(Debug)]
+pub struct SendCache {
+    dir: PathBuf,
+    dest: String,
+    lock: File,
+}
+
+impl SendCache {
+    /// Opens (creating it) the cache at `dir` for the destination `dest` (`HOST:PORT:NAME`),
+    /// holding it shared until dropped.
+    pub fn open(dir: &Path, dest: &str) -> Result<SendCache> {
+        for sub in ["objects", "dests"] {
+            let d = dir.join(sub);
+            fs::create_dir_all(&d).map_err(io_at(&d))?;
+        }
+        let path = dir.join("lock");
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io_at(&path))?;
+        flock(&lock, FlockOperation::LockShared).map_err(|e| io_at(&path)(e.into()))?;
+        Ok(SendCache {
+            dir: dir.to_path_buf(),
+            dest: dest.to_string(),
+            lock,
+        })
+    }
+
+    fn object_path(&self, hash: &[u8; 32]) -> PathBuf {
+        self.dir
+            .join("objects")
+            .join(hex(&hash[..1]))
+            .join(hex(hash))
+    }
+
+    fn dest_path(&self) -> PathBuf {
+        let id = blake3::hash(self.dest.as_bytes());
+        self.dir.join("dests").join(hex(&id.as_bytes()[..16]))
+    }
+
+    /// The contents of the cached file whose hash starts with `prefix`, checked against the
+    /// full hash; `None` when there is none (a damaged one is removed).
+    pub fn base(&self, prefix: &[u8]) -> Option<Vec<u8>> {
+        let sub = self.dir.join("objects").join(hex(&prefix[..1]));
+        let want = hex(prefix);
+        for entry in fs::read_dir(&sub).ok()?.flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name.len() != 64 || !name.starts_with(&want) {
+                continue;
+            }
+            let path = entry.path();
+            match read_object(&path, name) {
+                Some(bytes) => return Some(bytes),
+                None => {
+                    let _ = fs::remove_file(&path);
+                }
+            }
+        }
+        None
+    }
+
+    /// Keeps `bytes` (whose BLAKE3 is `hash`) unless the cache has them already.
+    pub fn put(&self, hash: &[u8; 32], bytes: &[u8]) -> Result<()> {
+        if bytes.len() as u64 > DELTA_MAX {
+            return Ok(());
+        }
+        let path = self.object_path(hash);
+        if path.exists() {
+            return Ok(());
+        }
+        let dir = path.parent().expect("objects/ab/name");
+        fs::create_dir_all(dir).map_err(io_at(dir))?;
+        let packed = zstd::bulk::compress(bytes, LEVEL).map_err(io_at(&path))?;
+        write_new(dir, &path, &packed)
+    }
+
+    /// The encoded manifest of the tree last sent to this destination (the base of the next
+    /// OFFER's manifest delta), if the record is sound.
+    pub fn last_manifest(&self) -> Option<Vec<u8>> {
+        let rec = fs::read(self.dest_path()).ok()?;
+        parse_dest(&rec).map(|_| rec[DEST_MAGIC.len() + 1..].to_vec())
+    }
+
+    /// Records `manifest` as the tree the destination now holds, then removes the objects no
+    /// destination names (unless another send is using the cache).
+    pub fn finish(self, manifest: &Manifest) -> Result<()> {
+        let mut rec = DEST_MAGIC.to_vec();
+        rec.push(DEST_VERSION);
+        rec.extend_from_slice(&manifest.encode());
+        let path = self.dest_path();
+        write_new(path.parent().expect("dests/"), &path, &rec)?;
+        if flock(&self.lock, FlockOperation::NonBlockingLockExclusive).is_ok() {
+            self.sweep()?;
+        }
+        Ok(())
+    }
+
+    /// Removes objects no destination record names, and temporary files of cut-off writes.
+    fn sweep(&self) -> Result<()> {
+        let mut keep: HashSet<String> = HashSet::new();
+        let dests = self.dir.join("dests");
+        for entry in fs::read_dir(&dests).map_err(io_at(&dests))?.flatten() {
+            let path = entry.path();
+            if is_temp(&path) {
+                let _ = fs::remove_file(&path);
+                continue;
+            }
+            let Ok(rec) = fs::read(&path) else { continue };
+            match parse_dest(&rec) {
+                Some(hashes) => keep.extend(hashes.iter().map(|h| hex(h))),
+                None => {
+                    let _ = fs::remove_file(&path);
+                }
+            }
+        }
+        let objects = self.dir.join("objects");
+        for sub in fs::read_dir(&objects).map_err(io_at(&objects))?.flatten() {
+            let Ok(files) = fs::read_dir(sub.path()) else {
+                continue;
+            };
+            for f in files.flatten() {
+                let name = f.file_name();
+                let named = name.to_str().is_some_and(|n| keep.contains(n));
+                if !named {
+                    let _ = fs::remove_file(f.path());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn is_temp(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with(".tmp-"))
+}
+
+/// The hashes of the cacheable files of a destination record's manifest, if it is sound.
+fn parse_dest(rec: &[u8]) -> Option<Vec<[u8; 32]>> {
+    let body = rec.strip_prefix(DEST_MAGIC.as_slice())?;
+    let (&version, body) = body.split_first()?;
+    if version != DEST_VERSION {
+        return None;
+    }
+    let m = Manifest::decode(body).ok()?;
+    Some(
+        m.entries
+            .iter()
+            .filter_map(|e| match e.kind {
+                Kind::File { hash, size } if size > 0 && size <= DELTA_MAX => Some(hash),
+                _ => None,
+            })
+            .collect(),
+    )
+}
+
+/// Writes `bytes` to a temporary file in `dir`, then renames it to `path`.
+fn write_new(dir: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = dir.join(format!(
+        ".tmp-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let written = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(bytes));
+    if let Err(e) = written.and_then(|()| fs::rename(&tmp, path)) {
+        let _ = fs::remove_file(&tmp);
+        return Err(Error::Io {
+            path: path.to_path_buf(),
+            err: e,
+        });
+    }
+    Ok(())
+}
+
+/// The contents of an object if it decompresses to bytes whose BLAKE3 is its name.
+fn read_object(path: &Path, name: &str) -> Option<Vec<u8>> {
+    let f = File::open(path).ok()?;
+    let mut out = Vec::new();
+    zstd::stream::Decoder::new(f)
+        .ok()?
+        .take(DELTA_MAX + 1)
+        .read_to_end(&mut out)
+        .ok()?;
+    (out.len() as u64 <= DELTA_MAX && hex(blake3::hash(&out).as_bytes()) == name).then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::Entry;
+
+    fn tmp(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("dw-cache-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        d
+    }
+
+    fn file_entry(path: &str, bytes: &[u8]) -> Entry {
+        Entry {
+            path: path.as_bytes().to_vec(),
+            kind: Kind::File {
+                size: bytes.len() as u64,
+                hash: *blake3::hash(bytes).as_bytes(),
+            },
+            mode: 0o644,
+            mtime_ns: 0,
+        }
+    }
+
+    #[test]
+    fn a_put_object_is_found_by_its_hash_prefix() {
+        let dir = tmp("put");
+        let c = SendCache::open(&dir, "h:1:t").unwrap();
+        let bytes = b"some contents".repeat(100);
+        let hash = *blake3::hash(&bytes).as_bytes();
+        c.put(&hash, &bytes).unwrap();
+        assert_eq!(c.base(&hash[..8]).as_deref(), Some(&bytes[..]));
+        let mut other = hash;
+        other[7] ^= 1;
+        assert_eq!(c.base(&other[..8]), None);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_damaged_object_is_a_miss_and_is_removed() {
+        let dir = tmp("damaged");
+        let c = SendCache::open(&dir, "h:1:t").unwrap();
+        let bytes = b"contents to damage".repeat(50);
+        let hash = *blake3::hash(&bytes).as_bytes();
+        c.put(&hash, &bytes).unwrap();
+        let path = c.object_path(&hash);
+        fs::write(&path, zstd::bulk::compress(b"other bytes", 1).unwrap()).unwrap();
+        assert_eq!(c.base(&hash[..8]), None);
+        assert!(!path.exists());
+        c.put(&hash, &bytes).unwrap();
+        fs::write(&path, b"not zstd at all").unwrap();
+        assert_eq!(c.base(&hash[..8]), None);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn finishing_keeps_what_a_destination_holds_and_sweeps_the_rest() {
+        let dir = tmp("sweep");
+        let (a, b, c_) = (b"aaaa".repeat(9), b"bbbb".repeat(9), b"cccc".repeat(9));
+        let h = |x: &[u8]| *blake3::hash(x).as_bytes();
+        let one = SendCache::open(&dir, "h:1:one").unwrap();
+        for x in [&a, &b, &c_] {
+            one.put(&h(x), x).unwrap();
+        }
+        let m = |files: &[(&str, &[u8])]| Manifest {
+            entries: files.iter().map(|(p, x)| file_entry(p, x)).collect(),
+            ..Manifest::default()
+        };
+        one.finish(&m(&[("x", &a), ("y", &b)])).unwrap();
+        let two = SendCache::open(&dir, "h:1:two").unwrap();
+        assert!(two.base(&h(&a)[..8]).is_some());
+        assert!(two.base(&h(&c_)[..8]).is_none(), "no destination holds c");
+        two.put(&h(&c_), &c_).unwrap();
+        two.finish(&m(&[("z", &c_)])).unwrap();
+        let three = SendCache::open(&dir, "h:1:one").unwrap();
+        three.finish(&m(&[("x", &a)])).unwrap();
+        let again = SendCache::open(&dir, "h:1:one").unwrap();
+        assert!(again.base(&h(&a)[..8]).is_some());
+        assert!(
+            again.base(&h(&b)[..8]).is_none(),
+            "b left every destination"
+        );
+        assert!(again.base(&h(&c_)[..8]).is_some(), "two still holds c");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_busy_cache_is_not_swept() {
+        let dir = tmp("busy");
+        let x = b"xxxx".repeat(9);
+        let hx = *blake3::hash(&x).as_bytes();
+        let other = SendCache::open(&dir, "h:1:other").unwrap();
+        let one = SendCache::open(&dir, "h:1:one").unwrap();
+        other.put(&hx, &x).unwrap();
+        one.finish(&Manifest::default()).unwrap();
+        assert!(other.base(&hx[..8]).is_some(), "put while another send ran");
+        drop(other);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn malformed_destination_records_are_rejected() {
+        assert!(parse_dest(b"").is_none());
+        assert!(parse_dest(b"DWSC\x02").is_none());
+        let m = Manifest {
+            entries: vec![file_entry("a", b"abc"), file_entry("e", b"")],
+            ..Manifest::default()
+        };
+        let mut r = b"DWSC\x02".to_vec();
+        r.extend_from_slice(&m.encode());
+        assert_eq!(
+            parse_dest(&r).unwrap().len(),
+            1,
+            "empty files are not cached"
+        );
+        r[4] = 1;
+        assert!(parse_dest(&r).is_none());
+        r[4] = 2;
+        let last = r.len() - 1;
+        r[last] ^= 1;
+        assert!(parse_dest(&r).is_none());
+    }
+}
