@@ -434,6 +434,22 @@ struct FileWriter {
     written: u64,
 }
 
+/// The version a commit replaced, in staging: removed by [`Retired::remove`], or else at the
+/// next start-up ([`TreeRoot::clean`]). Removing it can wait until the sender has its answer.
+#[derive(Debug)]
+#[must_use = "the replaced version stays on disk until removed"]
+pub struct Retired(Option<PathBuf>);
+
+impl Retired {
+    /// Removes the replaced version.
+    pub fn remove(self) -> Result<()> {
+        match self.0 {
+            Some(dir) => remove_tree(&dir),
+            None => Ok(()),
+        }
+    }
+}
+
 /// A new version of a tree being built; dropped before [`Staging::commit`], it is removed and
 /// the current tree stays as it was.
 pub struct Staging<'a> {
@@ -530,9 +546,9 @@ impl Staging<'_> {
         Ok(())
     }
 
-    /// Finishes the new version (directory metadata, fsync), swaps it in atomically and
-    /// removes the old one.
-    pub fn commit(mut self) -> Result<()> {
+    /// Finishes the new version (directory metadata, fsync) and swaps it in atomically;
+    /// the old one is left to [`Retired::remove`].
+    pub fn commit(mut self) -> Result<Retired> {
         if self.writer.is_some() || self.next != self.needed.len() {
             return Err(Error::Protocol(format!(
                 "commit with {} of {} needed files complete",
@@ -591,11 +607,8 @@ impl Staging<'_> {
         let cache_path = self.root.state.join("trees").join(name);
         fs::rename(&new_cache, &cache_path).map_err(io_at(&cache_path))?;
         sync_dir(&self.root.state.join("trees"))?;
-        if exists {
-            // The old version, now at the staging path.
-            remove_tree(&self.dir)?;
-        }
-        Ok(())
+        // The old version is now at the staging path.
+        Ok(Retired(exists.then(|| self.dir.clone())))
     }
 }
 
@@ -625,7 +638,7 @@ mod tests {
                 st.write(i, piece).unwrap();
             }
         }
-        st.commit().unwrap();
+        st.commit().unwrap().remove().unwrap();
         needed.len()
     }
 

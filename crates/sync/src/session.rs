@@ -707,9 +707,9 @@ fn serve_inner<S: Read + Write>(
             _ => expect(&m, COMMIT, "DATA or COMMIT")?,
         }
     }
-    staging.commit()?;
+    let retired = staging.commit()?;
     stream.send(&[DONE])?;
-    Ok(())
+    retired.remove()
 }
 
 /// For each needed file of `new`, the file at the same path in `old` that both ends may

@@ -158,6 +158,28 @@ fn round_trips_random_and_structured_messages() {
 }
 
 #[test]
+fn a_small_message_skips_the_round_trips_and_is_still_kept() {
+    let store = Arc::new(MemoryStore::new());
+    let small = structured(3_000, 7);
+    let (_, stats) = pair(
+        dedup_config(),
+        dedup_config(),
+        store.clone(),
+        |mut s| {
+            s.recv().unwrap();
+        },
+        move |mut c| {
+            c.send(&small).unwrap();
+            let stats = c.stats();
+            c.close().unwrap();
+            stats
+        },
+    );
+    assert_eq!((stats.round_trips, stats.segments_plain), (0, 1));
+    assert!(!store.is_empty(), "the receiver kept its chunks");
+}
+
+#[test]
 fn a_similar_second_message_moves_far_fewer_bytes() {
     let n = 10 << 20;
     let first = random(n, 10);

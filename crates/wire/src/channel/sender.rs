@@ -19,7 +19,7 @@ use dedupwire_engine::delta::{DeltaCodec, Sampled};
 use dedupwire_engine::similarity::{select_source, CandidateIndex, SuperFeatureConfig};
 
 use super::adaptive::{Adaptive, Cost, Way};
-use super::config::ChannelConfig;
+use super::config::{ChannelConfig, Mode};
 use super::link::Link;
 use super::protocol::{EntryRef, Message, MessageEnd, DATA_FRAME};
 use super::stats::ChannelStats;
@@ -43,6 +43,11 @@ const FEATURES_PER_SF: usize = 1;
 const MAX_SUCCESSORS: usize = 1 << 22;
 /// Items kept per super-feature in the similarity index.
 const PER_FEATURE: usize = 4;
+/// A whole message shorter than this travels plain (compressed), kept by both ends unless
+/// the mode is plain: asking which of its chunks the receiver holds would cost a round trip
+/// per level to save at most this many bytes (a small control message on a 40 ms link would
+/// wait 120 ms to save under 4 KiB).
+pub(crate) const SMALL_MESSAGE: usize = 4096;
 
 #[derive(Debug, Clone, Copy)]
 struct Piece {
@@ -71,6 +76,8 @@ struct OutSeg {
     /// Bytes of frames written for it.
     wire: u64,
     awaiting: Await,
+    /// Whether the adaptive mode learns from its cost (a small message's says little).
+    sampled: bool,
 }
 
 /// The sending half.
@@ -156,7 +163,12 @@ impl Sender {
         let (writes0, wire0) = (link.write_time, link.bytes_written());
         let mut learning = Duration::ZERO;
         let data = &data[..data.len().min(self.cfg.segment_size)];
-        let way = self.adaptive.choose();
+        let small = last && !self.open && data.len() < SMALL_MESSAGE;
+        let way = if small {
+            Way::Plain
+        } else {
+            self.adaptive.choose()
+        };
         let mut lens = Vec::new();
         let mut take = data.len();
         if way == Way::Dedup {
@@ -187,7 +199,11 @@ impl Sender {
                     stats.plain_level = Some(level);
                 }
                 let body = self.plain_compressor.compress(&bytes);
-                let keep = self.adaptive.link_bound();
+                let keep = if small {
+                    self.cfg.mode != Mode::Plain
+                } else {
+                    self.adaptive.link_bound()
+                };
                 link.send(&Message::Plain {
                     seg,
                     end,
@@ -240,6 +256,7 @@ impl Sender {
                 writes: link.write_time - writes0,
                 wire: link.bytes_written() - wire0,
                 awaiting,
+                sampled: !small,
             },
         );
         Ok(take)
@@ -493,6 +510,9 @@ impl Sender {
             return Err(Error::Protocol(format!(
                 "ACK for segment {seg} before its data was sent"
             )));
+        }
+        if !s.sampled {
+            return Ok(());
         }
         self.adaptive.observe(
             s.way,
