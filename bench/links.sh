@@ -26,7 +26,8 @@
 #                 release it received before; the receiver writes the message out and extracts
 #                 it (in the timed span, after receiving: not streamed)
 #   dedupwire send  `dedupwire send SRC HOST:PORT:tree` onto `dedupwire serve`, release i-1's
-#                 tree already there (sent before the measurement), encrypted with a fresh key
+#                 tree already there (sent before the measurement, which also fills the
+#                 sender's cache of what it sent), encrypted with a fresh key
 # Bytes: the sender's veth counters (tx + rx bytes of dw-snd's interface: both directions,
 # Ethernet/IP/TCP headers and retransmissions included, offload packets counted as the kernel
 # handed them to the veth). Seconds: wall time from starting the sender until the receiver
@@ -156,7 +157,9 @@ run() {
   # --- dedupwire send/serve (the CLI): a peer row once the binary has these subcommands ---
   if [ -x "$dw" ] && "$dw" serve --help >/dev/null 2>&1; then
     cli=1
-    # Encrypted, as the CLI is by default (a fresh key for the run).
+    # Encrypted, as the CLI is by default (a fresh key for the run); the sender's cache of
+    # what it sent (delta bases) in the run's own directory, filled by release 0's send.
+    export XDG_CACHE_HOME=$work/send-cache
     [ -s "$work/cli.key" ] || "$dw" key generate "$work/cli.key" >/dev/null
     ip netns exec dw-rcv "$dw" serve --listen "$RCV:7100" --root "$r/root" --key-file "$work/cli.key" & pids+=($!)
     wait_port 7100

@@ -19,6 +19,7 @@ use std::fs::OpenOptions;
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dedupwire_engine::delta::{DeltaCodec, Sampled};
@@ -265,14 +266,104 @@ pub fn send<S: Read + Write>(
         batch: vec![DATA],
         limit: opts.batch_bytes,
     };
-    let codec = Sampled::default();
-    let mut delta = Vec::new();
     let mut done = 0u64;
     progress(0, bytes_needed);
-    let warn = |report: &mut SendReport, e: Error| {
-        report.cache_warning.get_or_insert_with(|| e.to_string());
-    };
-    for &i in &need {
+    // Reading, hashing and delta encoding run one file ahead of the channel, on a second
+    // core; the queue holds at most two files (or pieces) beyond the one being sent.
+    let (tx, rx) = std::sync::mpsc::sync_channel(2);
+    let produced = std::thread::scope(|scope| -> Result<Produced> {
+        let producer = scope.spawn(|| produce(src, manifest, &need, &bases, cache, tx));
+        let mut sent = Ok(());
+        for p in &rx {
+            let r = match p {
+                Payload::File {
+                    index,
+                    size,
+                    body,
+                    delta: true,
+                } => {
+                    done += size;
+                    out.pieces(stream, index, &body, PIECE_DELTA, PIECE_DELTA_END)
+                }
+                Payload::File {
+                    index,
+                    size,
+                    body,
+                    delta: false,
+                } => {
+                    done += size;
+                    out.pieces(stream, index, &body, PIECE_BYTES, PIECE_BYTES)
+                }
+                Payload::Piece { index, body } => {
+                    done += body.len() as u64;
+                    out.pieces(stream, index, &body, PIECE_BYTES, PIECE_BYTES)
+                }
+            };
+            if r.is_err() {
+                sent = r;
+                break;
+            }
+            progress(done, bytes_needed);
+        }
+        drop(rx);
+        let produced = producer.join().expect("the producer does not panic");
+        sent?;
+        produced
+    })?;
+    report.bytes_read = produced.bytes_read;
+    report.files_delta = produced.files_delta;
+    report.bytes_delta_files = produced.bytes_delta_files;
+    report.delta_bytes = produced.delta_bytes;
+    report.cache_warning = produced.cache_warning;
+    out.flush(stream)?;
+    progress(done, bytes_needed);
+    send_msg(stream, &[COMMIT])?;
+    let m = recv_msg(stream)?;
+    expect(&m, DONE, "DONE")?;
+    report.channel = stream.stats();
+    report.elapsed = started.elapsed();
+    Ok(report)
+}
+
+/// What the producer hands the channel: a whole file (its contents or its delta), or the
+/// next piece of a file too big for either end to hold whole.
+enum Payload {
+    File {
+        index: usize,
+        size: u64,
+        body: Arc<Vec<u8>>,
+        delta: bool,
+    },
+    Piece {
+        index: usize,
+        body: Vec<u8>,
+    },
+}
+
+/// The producer's counters.
+#[derive(Default)]
+struct Produced {
+    bytes_read: u64,
+    files_delta: u64,
+    bytes_delta_files: u64,
+    delta_bytes: u64,
+    cache_warning: Option<String>,
+}
+
+/// Reads the needed files in order, checks them against the manifest, delta-encodes those
+/// with a base in the cache, keeps them in the cache, and queues them for the channel. Stops
+/// early (returning its counters) when the channel side hangs up.
+fn produce(
+    src: &Path,
+    manifest: &Manifest,
+    need: &[usize],
+    bases: &HashMap<usize, [u8; BASE_PREFIX]>,
+    cache: Option<&SendCache>,
+    tx: std::sync::mpsc::SyncSender<Payload>,
+) -> Result<Produced> {
+    let codec = Sampled::default();
+    let mut p = Produced::default();
+    for &i in need {
         let e = &manifest.entries[i];
         let Kind::File { size, hash } = e.kind else {
             unreachable!("checked in parse_plan")
@@ -283,66 +374,70 @@ pub fn send<S: Read + Write>(
             .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
             .open(&path)
             .map_err(io_at(&path))?;
-        if size <= DELTA_MAX {
-            let mut data = vec![0; size as usize];
-            read_full(&mut f, &path, &mut data)?;
-            report.bytes_read += size;
-            if *blake3::hash(&data).as_bytes() != hash {
-                return Err(changed_while_sent(&path));
-            }
-            let base = match (cache, bases.get(&i)) {
-                (Some(c), Some(prefix)) => c.base(prefix),
-                _ => None,
-            };
-            let mut as_delta = false;
-            if let Some(base) = base {
-                delta.clear();
-                codec.encode(&base, &data, &mut delta);
-                as_delta = (delta.len() as f64) < size as f64 * DELTA_WORTH;
-            }
-            if as_delta {
-                out.pieces(stream, i, &delta, PIECE_DELTA, PIECE_DELTA_END)?;
-                report.files_delta += 1;
-                report.bytes_delta_files += size;
-                report.delta_bytes += delta.len() as u64;
-            } else {
-                out.pieces(stream, i, &data, PIECE_BYTES, PIECE_BYTES)?;
-            }
-            if let Some(c) = cache {
-                if let Err(e) = c.put(&hash, &data) {
-                    warn(&mut report, e);
+        if size > DELTA_MAX {
+            let mut h = blake3::Hasher::new();
+            let mut left = size;
+            while left > 0 {
+                let mut body = vec![0; left.min(MAX_PIECE as u64) as usize];
+                read_full(&mut f, &path, &mut body)?;
+                h.update(&body);
+                left -= body.len() as u64;
+                p.bytes_read += body.len() as u64;
+                if left == 0 && *h.finalize().as_bytes() != hash {
+                    return Err(changed_while_sent(&path));
+                }
+                if tx.send(Payload::Piece { index: i, body }).is_err() {
+                    return Ok(p);
                 }
             }
-            done += size;
-            progress(done, bytes_needed);
             continue;
         }
-        let mut h = blake3::Hasher::new();
-        let mut left = size;
-        while left > 0 {
-            let want = left.min(MAX_PIECE as u64).min(out.room() as u64) as usize;
-            let buf = out.open_piece(i, PIECE_BYTES, want);
-            read_full(&mut f, &path, buf)?;
-            h.update(buf);
-            left -= want as u64;
-            done += want as u64;
-            report.bytes_read += want as u64;
-            if out.flush_if_full(stream)? {
-                progress(done, bytes_needed);
-            }
-        }
-        if *h.finalize().as_bytes() != hash {
+        let mut data = vec![0; size as usize];
+        read_full(&mut f, &path, &mut data)?;
+        p.bytes_read += size;
+        if *blake3::hash(&data).as_bytes() != hash {
             return Err(changed_while_sent(&path));
         }
+        let base = match (cache, bases.get(&i)) {
+            (Some(c), Some(prefix)) => c.base(prefix),
+            _ => None,
+        };
+        let mut delta = Vec::new();
+        if let Some(base) = base {
+            codec.encode(&base, &data, &mut delta);
+            if (delta.len() as f64) >= size as f64 * DELTA_WORTH {
+                delta = Vec::new();
+            } else {
+                p.files_delta += 1;
+                p.bytes_delta_files += size;
+                p.delta_bytes += delta.len() as u64;
+            }
+        }
+        let as_delta = !delta.is_empty();
+        let data = Arc::new(data);
+        let body = if as_delta {
+            Arc::new(delta)
+        } else {
+            data.clone()
+        };
+        if tx
+            .send(Payload::File {
+                index: i,
+                size,
+                body,
+                delta: as_delta,
+            })
+            .is_err()
+        {
+            return Ok(p);
+        }
+        if let Some(c) = cache {
+            if let Err(e) = c.put(&hash, &data) {
+                p.cache_warning.get_or_insert_with(|| e.to_string());
+            }
+        }
     }
-    out.flush(stream)?;
-    progress(done, bytes_needed);
-    send_msg(stream, &[COMMIT])?;
-    let m = recv_msg(stream)?;
-    expect(&m, DONE, "DONE")?;
-    report.channel = stream.stats();
-    report.elapsed = started.elapsed();
-    Ok(report)
+    Ok(p)
 }
 
 fn changed_while_sent(path: &Path) -> Error {
