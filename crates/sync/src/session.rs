@@ -532,10 +532,36 @@ impl Batcher {
     }
 }
 
+/// The pieces of a DATA message: (kind, entry index, bytes), each checked for a known kind
+/// and a length that is neither 0 nor past the message.
+pub(crate) fn parse_data(m: &[u8]) -> Result<Vec<(u8, usize, &[u8])>> {
+    expect(m, DATA, "DATA")?;
+    let mut c = Cursor {
+        buf: m,
+        pos: 1,
+        what: "DATA",
+    };
+    let mut pieces = Vec::new();
+    while !c.done() {
+        let kind = c.take(1)?[0];
+        if ![PIECE_BYTES, PIECE_DELTA, PIECE_DELTA_END].contains(&kind) {
+            return Err(Error::Protocol(format!("DATA piece kind {kind:#04x}")));
+        }
+        let i = c.u32()?;
+        let len = c.u32()?;
+        let bytes = c.take(len)?;
+        if bytes.is_empty() {
+            return Err(Error::Protocol("an empty DATA piece".into()));
+        }
+        pieces.push((kind, i, bytes));
+    }
+    Ok(pieces)
+}
+
 type Plan = (Diff, Vec<usize>, HashMap<usize, [u8; BASE_PREFIX]>);
 
 /// Reads PLAN: the diff, the entries to send in order, and the bases the receiver holds.
-fn parse_plan(plan: &[u8], manifest: &Manifest) -> Result<Plan> {
+pub(crate) fn parse_plan(plan: &[u8], manifest: &Manifest) -> Result<Plan> {
     expect(plan, PLAN, "PLAN")?;
     let mut c = Cursor {
         buf: plan,
@@ -729,19 +755,7 @@ fn serve_inner<S: Read + Write>(
         let m = recv_msg(stream)?;
         match m.first() {
             Some(&DATA) => {
-                let mut c = Cursor {
-                    buf: &m,
-                    pos: 1,
-                    what: "DATA",
-                };
-                while !c.done() {
-                    let kind = c.take(1)?[0];
-                    let i = c.u32()?;
-                    let len = c.u32()?;
-                    let bytes = c.take(len)?;
-                    if bytes.is_empty() {
-                        return Err(Error::Protocol("an empty DATA piece".into()));
-                    }
+                for (kind, i, bytes) in parse_data(&m)? {
                     if kind == PIECE_BYTES {
                         if let Some((p, _)) = pending {
                             return Err(Error::Protocol(format!(
@@ -750,9 +764,6 @@ fn serve_inner<S: Read + Write>(
                         }
                         staging.write(i, bytes)?;
                         continue;
-                    }
-                    if kind != PIECE_DELTA && kind != PIECE_DELTA_END {
-                        return Err(Error::Protocol(format!("DATA piece kind {kind:#04x}")));
                     }
                     let Some(&j) = bases.get(&i) else {
                         return Err(Error::Protocol(format!(
@@ -822,4 +833,20 @@ fn delta_bases(old: &Manifest, new: &Manifest, needed: &[usize]) -> BTreeMap<usi
         .filter(|&&i| new.entries[i].size() <= DELTA_MAX)
         .filter_map(|&i| by_path.get(&new.entries[i].path[..]).map(|&j| (i, j)))
         .collect()
+}
+
+/// The session's message decoders, for the fuzz targets (not a stable API).
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::*;
+
+    /// Decodes a PLAN against `manifest`, as a sender does; the number of needed entries.
+    pub fn plan(bytes: &[u8], manifest: &Manifest) -> Result<usize> {
+        parse_plan(bytes, manifest).map(|(_, need, _)| need.len())
+    }
+
+    /// Decodes a DATA message's pieces, as a receiver does; how many there are.
+    pub fn data(bytes: &[u8]) -> Result<usize> {
+        parse_data(bytes).map(|p| p.len())
+    }
 }

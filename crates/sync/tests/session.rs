@@ -244,3 +244,81 @@ fn a_receiver_without_the_cached_tree_gets_the_whole_manifest() {
         .manifest;
     assert_eq!(got, m);
 }
+
+/// Plays a hostile sender by hand (FORMAT.md): OFFER with the whole manifest of `src`, then
+/// `data` as one DATA message, then COMMIT; returns the receiver's result.
+fn hostile_data(root: &Path, src: &Path, data: Vec<u8>) -> Result<ServeReport, Error> {
+    let m = manifest::scan(src, &mut |_| {}).unwrap().manifest;
+    let (a, b) = UnixStream::pair().unwrap();
+    let root = root.to_path_buf();
+    let server = std::thread::spawn(move || {
+        let store = Arc::new(MemoryStore::new());
+        let mut s =
+            DedupStream::new(b, store.clone(), ChannelConfig::default(), Role::Accept).unwrap();
+        serve(&TreeRoot::open(&root).unwrap(), &*store, &mut s)
+    });
+    let mut c = DedupStream::new(
+        a,
+        Arc::new(MemoryStore::new()),
+        ChannelConfig::default(),
+        Role::Connect,
+    )
+    .unwrap();
+    let mut offer = vec![b'O', 2, 0, 1, 0, b't', 0];
+    offer.extend_from_slice(&m.encode());
+    c.send(&offer).unwrap();
+    let plan = c.recv().unwrap();
+    assert_eq!(plan[0], b'P', "{:?}", String::from_utf8_lossy(&plan));
+    let mut msg = vec![b'D'];
+    msg.extend_from_slice(&data);
+    let _ = c.send(&msg);
+    let _ = c.send(b"C");
+    drop(c);
+    server.join().unwrap()
+}
+
+fn piece(kind: u8, index: u32, bytes: &[u8]) -> Vec<u8> {
+    let mut p = vec![kind];
+    p.extend_from_slice(&index.to_le_bytes());
+    p.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    p.extend_from_slice(bytes);
+    p
+}
+
+#[test]
+fn malformed_data_pieces_are_errors_and_the_tree_stays() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    let old = noise(4, 50_000);
+    fs::write(src.join("a"), &old).unwrap();
+    let root = t.path().join("root");
+    let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
+    session(&root, &src, b"t", &m, None).0.unwrap();
+    // Entry 0 is "a" (the root is not an entry); the new version changes it.
+    fs::write(src.join("a"), noise(5, 60_000)).unwrap();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("DATA piece kind", piece(b'x', 0, b"abc")),
+        ("no base", [piece(b'd', 0, b"ab")].concat()),
+        ("longer than the file", piece(b'e', 0, &vec![0; 60_100])),
+        ("the delta of entry 0", piece(b'e', 0, &[0xff; 40])),
+        ("not the next file needed", piece(b'B', 7, b"abc")),
+        ("incomplete", piece(b'd', 0, &[1, 2, 3])),
+        ("truncated", piece(b'B', 0, b"abc")[..8].to_vec()),
+        (
+            "match the manifest's hash",
+            piece(b'B', 0, &vec![0; 60_000]),
+        ),
+    ];
+    for (want, data) in cases {
+        // "no base": a tree without the old file at that path.
+        let r = if want == "no base" {
+            hostile_data(&t.path().join("empty-root"), &src, data)
+        } else {
+            hostile_data(&root, &src, data)
+        };
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains(want), "{want}: {e}");
+        assert_eq!(fs::read(root.join("t/a")).unwrap(), old, "{want}");
+    }
+}
