@@ -44,9 +44,13 @@ pub struct Args {
     /// Where to keep the files sent, so that a changed file later travels as a delta against
     /// the version the receiver holds [default: $XDG_CACHE_HOME/dedupwire/send, else
     /// ~/.cache/dedupwire/send]. It holds up to one copy (zstd-compressed) of the files of
-    /// each destination's current tree, up to 128 MiB each.
+    /// each destination's current tree, up to 128 MiB each, within `--cache-size`.
     #[arg(long, value_name = "DIR")]
     cache_dir: Option<PathBuf>,
+    /// The most the cache may hold (zstd-compressed files, all destinations); past it the
+    /// least recently used files leave, and a send stops adding files.
+    #[arg(long, value_name = "SIZE", default_value = "4GiB")]
+    cache_size: String,
     /// Use no cache (overrides `--cache-dir`): changed files travel as the chunks the
     /// receiver lacks, without deltas.
     #[arg(long)]
@@ -109,7 +113,10 @@ pub fn run(args: Args) -> Result<()> {
             .clone()
             .or_else(dedupwire_sync::cache::default_dir)
     };
-    let cache = match cache_dir.map(|d| SendCache::open(&d, &args.dest)) {
+    let cache_size = dedupwire_analyze::parse_size(&args.cache_size)
+        .with_context(|| format!("--cache-size {:?}: use a size like 4GiB", args.cache_size))?
+        as u64;
+    let cache = match cache_dir.map(|d| SendCache::open(&d, &args.dest, cache_size)) {
         Some(Ok(c)) => Some(c),
         Some(Err(e)) => {
             eprintln!("dedupwire send: warning: not using the cache: {e}");

@@ -15,8 +15,9 @@
 //! limit) to bytes with the hash it is named by, so a torn or damaged object is just a
 //! miss (and removed). Objects are written to a temporary name and renamed, so a reader never
 //! sees a half-written one under its final name. After a send completes, its destination's
-//! record is replaced and objects no destination names are removed, unless another send
-//! holds the cache (then a later send sweeps).
+//! record is replaced and objects no destination names are removed, then the least recently
+//! used until the objects fit the cache's bound, unless another send holds the cache (then a
+//! later send sweeps). A send stops keeping files once it has written the bound's worth.
 
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
@@ -58,18 +59,25 @@ pub fn default_dir() -> Option<PathBuf> {
     Some(base.join("dedupwire").join("send"))
 }
 
+/// The default bound on a cache's objects, in bytes (`--cache-size`).
+pub const DEFAULT_MAX_BYTES: u64 = 4 << 30;
+
 /// An open sender cache, bound to one destination.
 #[derive(Debug)]
 pub struct SendCache {
     dir: PathBuf,
     dest: String,
     lock: File,
+    max_bytes: u64,
+    /// Object bytes this send may still write (it stops keeping files past the bound).
+    budget: AtomicU64,
 }
 
 impl SendCache {
     /// Opens (creating it) the cache at `dir` for the destination `dest` (`HOST:PORT:NAME`),
-    /// holding it shared until dropped.
-    pub fn open(dir: &Path, dest: &str) -> Result<SendCache> {
+    /// holding it shared until dropped; its objects are kept under `max_bytes` (the least
+    /// recently used leave first).
+    pub fn open(dir: &Path, dest: &str, max_bytes: u64) -> Result<SendCache> {
         for sub in ["objects", "dests"] {
             let d = dir.join(sub);
             fs::create_dir_all(&d).map_err(io_at(&d))?;
@@ -87,6 +95,8 @@ impl SendCache {
             dir: dir.to_path_buf(),
             dest: dest.to_string(),
             lock,
+            max_bytes,
+            budget: AtomicU64::new(max_bytes),
         })
     }
 
@@ -115,7 +125,14 @@ impl SendCache {
             }
             let path = entry.path();
             match read_object(&path, name) {
-                Some(bytes) => return Some(bytes),
+                Some(bytes) => {
+                    // Recently used: the last to be evicted.
+                    let _ = File::options()
+                        .write(true)
+                        .open(&path)
+                        .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+                    return Some(bytes);
+                }
                 None => {
                     let _ = fs::remove_file(&path);
                 }
@@ -136,6 +153,14 @@ impl SendCache {
         let dir = path.parent().expect("objects/ab/name");
         fs::create_dir_all(dir).map_err(io_at(dir))?;
         let packed = zstd::bulk::compress(bytes, LEVEL).map_err(io_at(&path))?;
+        let n = packed.len() as u64;
+        let fits = self
+            .budget
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(n))
+            .is_ok();
+        if !fits {
+            return Ok(());
+        }
         write_new(dir, &path, &packed)
     }
 
@@ -179,6 +204,8 @@ impl SendCache {
             }
         }
         let objects = self.dir.join("objects");
+        let mut kept = Vec::new();
+        let mut total = 0u64;
         for sub in fs::read_dir(&objects).map_err(io_at(&objects))?.flatten() {
             let Ok(files) = fs::read_dir(sub.path()) else {
                 continue;
@@ -186,9 +213,24 @@ impl SendCache {
             for f in files.flatten() {
                 let name = f.file_name();
                 let named = name.to_str().is_some_and(|n| keep.contains(n));
-                if !named {
-                    let _ = fs::remove_file(f.path());
+                match f.metadata() {
+                    Ok(md) if named => {
+                        total += md.len();
+                        kept.push((md.modified().ok(), md.len(), f.path()));
+                    }
+                    _ => {
+                        let _ = fs::remove_file(f.path());
+                    }
                 }
+            }
+        }
+        kept.sort();
+        for (_, len, path) in kept {
+            if total <= self.max_bytes {
+                break;
+            }
+            if fs::remove_file(&path).is_ok() {
+                total -= len;
             }
         }
         Ok(())
@@ -281,7 +323,7 @@ mod tests {
     #[test]
     fn a_put_object_is_found_by_its_hash_prefix() {
         let dir = tmp("put");
-        let c = SendCache::open(&dir, "h:1:t").unwrap();
+        let c = SendCache::open(&dir, "h:1:t", DEFAULT_MAX_BYTES).unwrap();
         let bytes = b"some contents".repeat(100);
         let hash = *blake3::hash(&bytes).as_bytes();
         c.put(&hash, &bytes).unwrap();
@@ -295,7 +337,7 @@ mod tests {
     #[test]
     fn a_damaged_object_is_a_miss_and_is_removed() {
         let dir = tmp("damaged");
-        let c = SendCache::open(&dir, "h:1:t").unwrap();
+        let c = SendCache::open(&dir, "h:1:t", DEFAULT_MAX_BYTES).unwrap();
         let bytes = b"contents to damage".repeat(50);
         let hash = *blake3::hash(&bytes).as_bytes();
         c.put(&hash, &bytes).unwrap();
@@ -314,7 +356,7 @@ mod tests {
         let dir = tmp("sweep");
         let (a, b, c_) = (b"aaaa".repeat(9), b"bbbb".repeat(9), b"cccc".repeat(9));
         let h = |x: &[u8]| *blake3::hash(x).as_bytes();
-        let one = SendCache::open(&dir, "h:1:one").unwrap();
+        let one = SendCache::open(&dir, "h:1:one", DEFAULT_MAX_BYTES).unwrap();
         for x in [&a, &b, &c_] {
             one.put(&h(x), x).unwrap();
         }
@@ -323,14 +365,14 @@ mod tests {
             ..Manifest::default()
         };
         one.finish(&m(&[("x", &a), ("y", &b)])).unwrap();
-        let two = SendCache::open(&dir, "h:1:two").unwrap();
+        let two = SendCache::open(&dir, "h:1:two", DEFAULT_MAX_BYTES).unwrap();
         assert!(two.base(&h(&a)[..8]).is_some());
         assert!(two.base(&h(&c_)[..8]).is_none(), "no destination holds c");
         two.put(&h(&c_), &c_).unwrap();
         two.finish(&m(&[("z", &c_)])).unwrap();
-        let three = SendCache::open(&dir, "h:1:one").unwrap();
+        let three = SendCache::open(&dir, "h:1:one", DEFAULT_MAX_BYTES).unwrap();
         three.finish(&m(&[("x", &a)])).unwrap();
-        let again = SendCache::open(&dir, "h:1:one").unwrap();
+        let again = SendCache::open(&dir, "h:1:one", DEFAULT_MAX_BYTES).unwrap();
         assert!(again.base(&h(&a)[..8]).is_some());
         assert!(
             again.base(&h(&b)[..8]).is_none(),
@@ -345,8 +387,8 @@ mod tests {
         let dir = tmp("busy");
         let x = b"xxxx".repeat(9);
         let hx = *blake3::hash(&x).as_bytes();
-        let other = SendCache::open(&dir, "h:1:other").unwrap();
-        let one = SendCache::open(&dir, "h:1:one").unwrap();
+        let other = SendCache::open(&dir, "h:1:other", DEFAULT_MAX_BYTES).unwrap();
+        let one = SendCache::open(&dir, "h:1:one", DEFAULT_MAX_BYTES).unwrap();
         other.put(&hx, &x).unwrap();
         one.finish(&Manifest::default()).unwrap();
         assert!(other.base(&hx[..8]).is_some(), "put while another send ran");
@@ -375,5 +417,54 @@ mod tests {
         let last = r.len() - 1;
         r[last] ^= 1;
         assert!(parse_dest(&r).is_none());
+    }
+
+    #[test]
+    fn the_least_recently_used_objects_leave_past_the_bound() {
+        let dir = tmp("bound");
+        let h = |x: &[u8]| *blake3::hash(x).as_bytes();
+        let pause = || std::thread::sleep(std::time::Duration::from_millis(20));
+        let files: Vec<Vec<u8>> = (0..4u8).map(|i| noise_bytes(i, 20_000)).collect();
+        let c = SendCache::open(&dir, "h:1:t", 70_000).unwrap();
+        for f in &files {
+            c.put(&h(f), f).unwrap();
+            pause();
+        }
+        assert!(
+            c.base(&h(&files[3])[..8]).is_none(),
+            "past this send's budget"
+        );
+        assert!(c.base(&h(&files[0])[..8]).is_some());
+        let m = Manifest {
+            entries: (0..4)
+                .map(|i| file_entry(&format!("f{i}"), &files[i]))
+                .collect(),
+            ..Manifest::default()
+        };
+        drop(c);
+        SendCache::open(&dir, "h:1:t", 50_000)
+            .unwrap()
+            .finish(&m)
+            .unwrap();
+        let c = SendCache::open(&dir, "h:1:t", 50_000).unwrap();
+        let held: Vec<bool> = files.iter().map(|f| c.base(&h(f)[..8]).is_some()).collect();
+        assert_eq!(
+            held,
+            [true, false, true, false],
+            "file 1 was the least recently used"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn noise_bytes(seed: u8, len: usize) -> Vec<u8> {
+        let mut x = u64::from(seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
     }
 }

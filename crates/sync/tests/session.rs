@@ -7,6 +7,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
 
+use dedupwire_sync::cache::DEFAULT_MAX_BYTES;
 use dedupwire_sync::manifest::{self, Entry, Kind, Manifest};
 use dedupwire_sync::{send, serve, Error, SendCache, SendOptions, ServeReport, TreeRoot};
 use dedupwire_wire::{ChannelConfig, DedupStream, MemoryStore, Role};
@@ -157,7 +158,7 @@ fn a_changed_file_travels_as_a_delta_against_the_cached_old_version() {
     fs::write(src.join("big"), &old).unwrap();
     fs::write(src.join("small"), b"unchanged").unwrap();
     let root = t.path().join("root");
-    let cache = SendCache::open(&t.path().join("cache"), "peer:1:t").unwrap();
+    let cache = SendCache::open(&t.path().join("cache"), "peer:1:t", DEFAULT_MAX_BYTES).unwrap();
     let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
     let (sent, _) = session(&root, &src, b"t", &m, Some(&cache));
     assert_eq!(sent.unwrap().files_delta, 0, "nothing to delta against yet");
@@ -165,7 +166,7 @@ fn a_changed_file_travels_as_a_delta_against_the_cached_old_version() {
 
     fs::write(src.join("big"), edited(&old)).unwrap();
     let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
-    let cache = SendCache::open(&t.path().join("cache"), "peer:1:t").unwrap();
+    let cache = SendCache::open(&t.path().join("cache"), "peer:1:t", DEFAULT_MAX_BYTES).unwrap();
     let (sent, served) = session(&root, &src, b"t", &m, Some(&cache));
     let (sent, served) = (sent.unwrap(), served.unwrap());
     assert_eq!((sent.files_delta, served.files_delta), (1, 1));
@@ -190,7 +191,7 @@ fn a_base_changed_on_the_receiver_is_a_clear_error_and_the_tree_stays() {
     fs::write(src.join("big"), &old).unwrap();
     let root = t.path().join("root");
     let cache_dir = t.path().join("cache");
-    let cache = SendCache::open(&cache_dir, "peer:1:t").unwrap();
+    let cache = SendCache::open(&cache_dir, "peer:1:t", DEFAULT_MAX_BYTES).unwrap();
     let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
     session(&root, &src, b"t", &m, Some(&cache)).0.unwrap();
     cache.finish(&m).unwrap();
@@ -208,7 +209,7 @@ fn a_base_changed_on_the_receiver_is_a_clear_error_and_the_tree_stays() {
 
     fs::write(src.join("big"), edited(&old)).unwrap();
     let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
-    let cache = SendCache::open(&cache_dir, "peer:1:t").unwrap();
+    let cache = SendCache::open(&cache_dir, "peer:1:t", DEFAULT_MAX_BYTES).unwrap();
     let (sent, served) = session(&root, &src, b"t", &m, Some(&cache));
     let e = served.unwrap_err().to_string();
     assert!(e.contains("changed on this end"), "{e}");
@@ -224,7 +225,7 @@ fn a_receiver_without_the_cached_tree_gets_the_whole_manifest() {
     fs::write(src.join("f"), noise(3, 100_000)).unwrap();
     let cache_dir = t.path().join("cache");
     let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
-    let cache = SendCache::open(&cache_dir, "peer:1:t").unwrap();
+    let cache = SendCache::open(&cache_dir, "peer:1:t", DEFAULT_MAX_BYTES).unwrap();
     session(&t.path().join("one"), &src, b"t", &m, Some(&cache))
         .0
         .unwrap();
@@ -234,7 +235,7 @@ fn a_receiver_without_the_cached_tree_gets_the_whole_manifest() {
     // so it asks for the whole manifest and the send still completes.
     fs::write(src.join("g"), b"more").unwrap();
     let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
-    let cache = SendCache::open(&cache_dir, "peer:1:t").unwrap();
+    let cache = SendCache::open(&cache_dir, "peer:1:t", DEFAULT_MAX_BYTES).unwrap();
     let other = t.path().join("other");
     let (sent, served) = session(&other, &src, b"t", &m, Some(&cache));
     assert_eq!(sent.unwrap().diff.files_new, 2);
