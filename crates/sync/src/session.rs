@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use dedupwire_engine::delta::{DeltaCodec, Sampled};
 use dedupwire_wire::{ChannelStats, ChunkStore, DedupStream};
 
-use crate::apply::{Source, TreeRoot};
+use crate::apply::{Retired, Source, TreeRoot};
 use crate::cache::{SendCache, DELTA_MAX};
 use crate::error::{io_at, Error, Result};
 use crate::manifest::{Kind, Manifest};
@@ -628,20 +628,28 @@ pub fn serve<S: Read + Write>(
     let mut report = ServeReport::default();
     let r = serve_inner(root, stream, &mut report);
     let synced = store.sync();
-    let r = r.and_then(|()| synced.map_err(|e| Error::Channel(e.into())));
+    let r = r.and_then(|retired| {
+        synced
+            .map(|()| retired)
+            .map_err(|e| Error::Channel(e.into()))
+    });
     if let Err(e) = &r {
         if !matches!(e, Error::Channel(_) | Error::Remote(_)) {
             let _ = stream.send(&error_message(e));
         }
     }
-    r.map(|()| report)
+    // The replaced version goes after the sender has its answer and the name is free again.
+    if let Some(retired) = r? {
+        retired.remove()?;
+    }
+    Ok(report)
 }
 
 fn serve_inner<S: Read + Write>(
     root: &TreeRoot,
     stream: &mut DedupStream<S>,
     report: &mut ServeReport,
-) -> Result<()> {
+) -> Result<Option<Retired>> {
     let offer = recv_msg(stream)?;
     expect(&offer, OFFER, "OFFER")?;
     let mut c = Cursor {
@@ -732,7 +740,7 @@ fn serve_inner<S: Read + Write>(
             plan.extend_from_slice(path);
         }
         stream.send(&plan)?;
-        return Ok(());
+        return Ok(None);
     }
     report.diff.changes.clear();
     let bases = delta_bases(&old, &new, &needed);
@@ -815,7 +823,7 @@ fn serve_inner<S: Read + Write>(
     }
     let retired = staging.commit()?;
     stream.send(&[DONE])?;
-    retired.remove()
+    Ok(Some(retired))
 }
 
 /// For each needed file of `new`, the file at the same path in `old` that both ends may
