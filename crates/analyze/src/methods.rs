@@ -20,6 +20,7 @@ use serde::Serialize;
 
 use crate::cpu::charge;
 use crate::input::{Batch, ItemKind, BATCH_BYTES};
+use crate::memo::Memo;
 use crate::multi_cut::MultiCut;
 use crate::AnalyzeError;
 
@@ -211,9 +212,11 @@ pub fn runners(
     let (mut fixed, mut cdc) = (Vec::new(), Vec::new());
     for spec in specs {
         match *spec {
-            MethodSpec::Compress(c) => {
-                out.push(Box::new(CompressRunner::new(c, opts.compress_every)))
-            }
+            MethodSpec::Compress(c) => out.push(Box::new(CompressRunner::new(
+                c,
+                opts.compress_every,
+                &opts.memo,
+            ))),
             MethodSpec::Similarity => out.push(Box::new(SimilarityRunner::new(opts)?)),
             MethodSpec::Exact(c @ ChunkerSpec::Whole) => {
                 out.push(Box::new(ExactRunner::new(&[c], opts)?))
@@ -245,6 +248,8 @@ pub struct RunnerOptions {
     pub chunk_sample: u64,
     /// BLAKE3 CPU seconds per byte, by chunk size, measured on this machine.
     pub blake3_s_per_byte: fn(usize) -> f64,
+    /// Compressed sizes shared by all streams.
+    pub memo: Memo,
 }
 
 /// Compression alone, per 4 MiB batch; on large inputs one batch in `every` after the first
@@ -255,10 +260,10 @@ struct CompressRunner {
 }
 
 impl CompressRunner {
-    fn new(method: Compression, every: u64) -> Self {
+    fn new(method: Compression, every: u64, memo: &Memo) -> Self {
         CompressRunner {
             method,
-            stream: Residual::new(every, method),
+            stream: Residual::new(every, method, memo),
         }
     }
 }
@@ -340,10 +345,11 @@ struct Residual {
     cpu_proxy: f64,
     /// Estimates absorbed from other streams: bytes, variance, CPU seconds.
     extra: (f64, f64, f64),
+    memo: Memo,
 }
 
 impl Residual {
-    fn new(every: u64, method: Compression) -> Self {
+    fn new(every: u64, method: Compression, memo: &Memo) -> Self {
         Residual {
             compressor: Compressor::new(method),
             buf: Vec::new(),
@@ -360,6 +366,7 @@ impl Residual {
             cpu_tail: 0.0,
             cpu_proxy: 0.0,
             extra: (0.0, 0.0, 0.0),
+            memo: memo.clone(),
         }
     }
 
@@ -382,6 +389,7 @@ impl Residual {
             cpu_tail: self.cpu_tail,
             cpu_proxy: self.cpu_proxy,
             extra: self.extra,
+            memo: self.memo.clone(),
         }
     }
 
@@ -422,9 +430,7 @@ impl Residual {
         let raw = self.cur as u64;
         if !self.in_tail() {
             let (c, buf, scratch) = (&mut self.compressor, &self.buf, &mut self.scratch);
-            let out = charge(&mut self.cpu_full, || {
-                c.compress_reusing(buf, scratch) as u64
-            });
+            let out = self.memo.compress(c, buf, scratch, &mut self.cpu_full) as u64;
             self.full.0 += raw;
             self.full.1 += out;
         } else {
@@ -435,7 +441,7 @@ impl Residual {
             let proxy = if self.every > 1 {
                 let (p, len) = (&self.proxy, self.proxy.len());
                 let (c, scratch) = (&mut self.compressor, &mut self.scratch);
-                let out = charge(&mut self.cpu_proxy, || c.compress_reusing(p, scratch));
+                let out = self.memo.compress(c, p, scratch, &mut self.cpu_proxy);
                 out as f64 / len.max(1) as f64 * raw as f64
             } else {
                 0.0
@@ -443,9 +449,7 @@ impl Residual {
             self.tail_proxy += proxy;
             if sampled {
                 let (c, buf, scratch) = (&mut self.compressor, &self.buf, &mut self.scratch);
-                let out = charge(&mut self.cpu_tail, || {
-                    c.compress_reusing(buf, scratch) as u64
-                });
+                let out = self.memo.compress(c, buf, scratch, &mut self.cpu_tail) as u64;
                 self.pairs.push((proxy, out as f64));
             }
             self.tail_batches += 1;
@@ -524,7 +528,7 @@ struct ExactScope {
 }
 
 impl ExactScope {
-    fn new(every: u64, on_top: Compression, sample: u64) -> Self {
+    fn new(every: u64, on_top: Compression, sample: u64, memo: &Memo) -> Self {
         ExactScope {
             index: HashSet::default(),
             sample: sample.max(1),
@@ -533,7 +537,7 @@ impl ExactScope {
             chunks: 0,
             peak_entries: 0,
             sampled_cpu: 0.0,
-            residual: Residual::new(every, on_top),
+            residual: Residual::new(every, on_top, memo),
         }
     }
 
@@ -618,6 +622,7 @@ struct WholeItem {
     big: Option<Residual>,
     every: u64,
     on_top: Compression,
+    memo: Memo,
 }
 
 impl WholeItem {
@@ -627,7 +632,7 @@ impl WholeItem {
         match &mut self.big {
             Some(big) => big.push(data),
             None if self.buf.len() + data.len() > WHOLE_BUFFER => {
-                let mut big = Residual::new(self.every, self.on_top);
+                let mut big = Residual::new(self.every, self.on_top, &self.memo);
                 big.push(&self.buf);
                 big.push(data);
                 self.buf = Vec::new();
@@ -689,10 +694,18 @@ impl ExactRunner {
                 big: None,
                 every: opts.compress_every,
                 on_top: opts.on_top,
+                memo: opts.memo.clone(),
             })),
             _ => Cutter::Multi(MultiCut::new(specs).map_err(AnalyzeError::Usage)?),
         };
-        let scope = || ExactScope::new(opts.compress_every, opts.on_top, opts.chunk_sample);
+        let scope = || {
+            ExactScope::new(
+                opts.compress_every,
+                opts.on_top,
+                opts.chunk_sample,
+                &opts.memo,
+            )
+        };
         Ok(ExactRunner {
             cutter,
             sizes: specs
@@ -881,14 +894,14 @@ struct GlobalSim {
 }
 
 impl GlobalSim {
-    fn start(every: u64, on_top: Compression) -> Self {
+    fn start(every: u64, on_top: Compression, memo: Memo) -> Self {
         let (tx, rx) = sync_channel::<GlobalJob>(4);
         let handle = std::thread::spawn(move || {
             let mut scopes: [Option<SimScope>; 2] = [None, None];
             for (slot, config, batch, prepared, prepare_cpu) in rx {
                 let items: Vec<&[u8]> = batch.pieces.iter().map(|p| batch.bytes(p)).collect();
                 scopes[slot]
-                    .get_or_insert_with(|| SimScope::new(config, every, on_top))
+                    .get_or_insert_with(|| SimScope::new(config, every, on_top, &memo))
                     .feed(&items, Some((&prepared, prepare_cpu)));
             }
             scopes
@@ -908,14 +921,14 @@ struct SimScope {
 }
 
 impl SimScope {
-    fn new(config: PipelineConfig, every: u64, on_top: Compression) -> Self {
+    fn new(config: PipelineConfig, every: u64, on_top: Compression, memo: &Memo) -> Self {
         let config = PipelineConfig {
             compression: Compression::None,
             ..config
         };
         SimScope {
             encoder: Encoder::new(config).expect("built-in configurations are valid"),
-            residual: Residual::new(every, on_top),
+            residual: Residual::new(every, on_top, memo),
             sink: Vec::new(),
             cpu: 0.0,
             peak_index: 0,
@@ -993,7 +1006,7 @@ impl SimilarityRunner {
             local: [None, None],
             global: opts
                 .several_images
-                .then(|| GlobalSim::start(opts.compress_every, opts.on_top)),
+                .then(|| GlobalSim::start(opts.compress_every, opts.on_top, opts.memo.clone())),
             local_done: [SimTotals::default(); 2],
             input_bytes: 0,
         })
@@ -1032,7 +1045,9 @@ impl Runner for SimilarityRunner {
         let items: Vec<&[u8]> = batch.pieces.iter().map(|p| batch.bytes(p)).collect();
         let config = self.config(batch.kind);
         let (every, on_top) = (self.opts.compress_every, self.opts.on_top);
-        let local = self.local[slot].get_or_insert_with(|| SimScope::new(config, every, on_top));
+        let memo = &self.opts.memo;
+        let local =
+            self.local[slot].get_or_insert_with(|| SimScope::new(config, every, on_top, memo));
         let Some(global) = &self.global else {
             local.feed(&items, None);
             return;
@@ -1131,6 +1146,7 @@ mod tests {
             window_bytes: 1 << 30,
             chunk_sample: 1,
             blake3_s_per_byte: |_| 0.0,
+            memo: Memo::default(),
         }
     }
 
@@ -1178,7 +1194,7 @@ mod tests {
             });
         }
         let estimate = |every| {
-            let mut r = Residual::new(every, Compression::Zstd(3));
+            let mut r = Residual::new(every, Compression::Zstd(3), &Memo::default());
             for piece in data.chunks(1_000_003) {
                 r.push(piece);
             }
