@@ -584,7 +584,7 @@ impl ExactScope {
 
     fn reset_index(&mut self) {
         self.peak_entries = self.peak_entries.max(self.index.len());
-        self.index = HashSet::default();
+        self.index.clear();
     }
 
     /// A copy of this scope, for the global scope at the end of the first image: until then
