@@ -6,7 +6,6 @@
 //! a billion chunks has odds of 1 in 37) and adds the measured cost
 //! of BLAKE3 at that chunk size, so its reported speed is what a real deployment pays.
 
-use std::collections::HashSet;
 use std::fmt;
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Arc;
@@ -19,6 +18,7 @@ use dedupwire_engine::pipeline::{Encoder, PipelineConfig, Prepared};
 use serde::Serialize;
 
 use crate::cpu::charge;
+use crate::id_set::IdSet;
 use crate::input::{Batch, ItemKind, BATCH_BYTES};
 use crate::memo::Memo;
 use crate::multi_cut::MultiCut;
@@ -513,7 +513,7 @@ impl Residual {
 /// `sample` are indexed: every copy of a sampled chunk is sampled too (same id), so the
 /// duplicate status of each sampled chunk is exact and unique bytes scale by `sample`.
 struct ExactScope {
-    index: HashSet<u64, PassThrough>,
+    index: IdSet,
     sample: u64,
     unique_bytes: u64,
     /// Bytes each sampled chunk id contributed to `unique_bytes` (more than its size when the
@@ -530,7 +530,7 @@ struct ExactScope {
 impl ExactScope {
     fn new(every: u64, on_top: Compression, sample: u64, memo: &Memo) -> Self {
         ExactScope {
-            index: HashSet::default(),
+            index: IdSet::default(),
             sample: sample.max(1),
             unique_bytes: 0,
             contrib: Default::default(),
@@ -682,6 +682,8 @@ struct ExactRunner {
     /// CPU shared by all sizes (the Gear pass), split evenly at the end.
     shared_cpu: f64,
     input_bytes: u64,
+    /// One size's chunks in the current batch: stream start, end, id.
+    spans: Vec<(u64, u64, u64)>,
 }
 
 impl ExactRunner {
@@ -722,15 +724,40 @@ impl ExactRunner {
             image: None,
             shared_cpu: 0.0,
             input_bytes: 0,
+            spans: Vec::new(),
         })
     }
 }
 
-fn add_chunk(size: &mut SizeState, chunk: &[u8]) {
-    let id = xxhash_rust::xxh3::xxh3_64(chunk);
-    size.local.add(id, chunk);
-    if let Some(g) = size.global.as_mut() {
-        g.add(id, chunk);
+/// Chunks looked up ahead of the one being added, so their index slots are in the cache.
+const PREFETCH_AHEAD: usize = 8;
+
+/// Adds the chunks `mc` cuts from `data` for size `i`: first all their ids, then each chunk
+/// while the index slots of those a few places ahead are fetched.
+fn add_chunks(
+    mc: &mut MultiCut,
+    i: usize,
+    data: &[u8],
+    size: &mut SizeState,
+    spans: &mut Vec<(u64, u64, u64)>,
+) {
+    spans.clear();
+    mc.cut(i, data, |start, end, c| {
+        spans.push((start, end, xxhash_rust::xxh3::xxh3_64(c)))
+    });
+    for k in 0..spans.len() {
+        if let Some(&(_, _, ahead)) = spans.get(k + PREFETCH_AHEAD) {
+            size.local.index.prefetch(ahead);
+            if let Some(g) = &size.global {
+                g.index.prefetch(ahead);
+            }
+        }
+        let (start, end, id) = spans[k];
+        let chunk = mc.bytes(data, start, end);
+        size.local.add(id, chunk);
+        if let Some(g) = size.global.as_mut() {
+            g.add(id, chunk);
+        }
     }
 }
 
@@ -822,7 +849,8 @@ impl Runner for ExactRunner {
                 charge(&mut self.shared_cpu, || mc.scan(batch));
                 for (i, size) in self.sizes.iter_mut().enumerate() {
                     let mut cpu = 0.0;
-                    charge(&mut cpu, || mc.cut(i, &batch.data, |c| add_chunk(size, c)));
+                    let spans = &mut self.spans;
+                    charge(&mut cpu, || add_chunks(mc, i, &batch.data, size, spans));
                     size.cpu += cpu;
                 }
                 charge(&mut self.shared_cpu, || mc.end_batch(&batch.data));
