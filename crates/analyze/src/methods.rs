@@ -6,6 +6,7 @@
 //! a billion chunks has odds of 1 in 37) and adds the measured cost
 //! of BLAKE3 at that chunk size, so its reported speed is what a real deployment pays.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Arc;
@@ -684,6 +685,9 @@ struct ExactRunner {
     input_bytes: u64,
     /// One size's chunks in the current batch: stream start, end, id.
     spans: Vec<(u64, u64, u64)>,
+    /// With fixed sizes that are all multiples of the smallest: its index and size, and its
+    /// recent chunks (stream start, id), from which the larger sizes' ids are made.
+    blocks: Option<(usize, u64, Blocks)>,
 }
 
 impl ExactRunner {
@@ -725,25 +729,71 @@ impl ExactRunner {
             shared_cpu: 0.0,
             input_bytes: 0,
             spans: Vec::new(),
+            blocks: block_size(specs).map(|(i, s)| (i, s, VecDeque::new())),
         })
     }
 }
 
+/// Recent chunks of the smallest fixed size: stream start and id.
+type Blocks = VecDeque<(u64, u64)>;
+
 /// Chunks looked up ahead of the one being added, so their index slots are in the cache.
 const PREFETCH_AHEAD: usize = 8;
 
+/// For two or more fixed sizes that are all multiples of the smallest: the smallest's index
+/// and size. Fixed chunks start at their item's start, so a full chunk of a larger size is a
+/// run of whole chunks of the smallest, and its id can be made from theirs: each byte is
+/// hashed once, not once per size.
+fn block_size(specs: &[ChunkerSpec]) -> Option<(usize, u64)> {
+    let sizes: Vec<usize> = specs
+        .iter()
+        .map(|s| match s {
+            ChunkerSpec::Fixed { size } => Some(*size),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let (i, &min) = sizes.iter().enumerate().min_by_key(|&(_, s)| *s)?;
+    (sizes.len() > 1 && min > 0 && sizes.iter().all(|s| s % min == 0)).then_some((i, min as u64))
+}
+
+/// The id of the full fixed chunk at stream position `start` made of `n` blocks, from the
+/// blocks' ids: xxh3-64 of the ids in order.
+fn id_from_blocks(blocks: &Blocks, start: u64, n: usize, buf: &mut Vec<u8>) -> u64 {
+    let first = blocks.partition_point(|&(s, _)| s < start);
+    debug_assert_eq!(blocks.get(first).map(|b| b.0), Some(start));
+    buf.clear();
+    for &(_, id) in blocks.range(first..first + n) {
+        buf.extend_from_slice(&id.to_le_bytes());
+    }
+    xxhash_rust::xxh3::xxh3_64(buf)
+}
+
 /// Adds the chunks `mc` cuts from `data` for size `i`: first all their ids, then each chunk
-/// while the index slots of those a few places ahead are fetched.
+/// while the index slots of those a few places ahead are fetched. With `blocks` (the ids of
+/// the smallest fixed size's recent chunks and that size), full chunks take their id from
+/// them.
 fn add_chunks(
     mc: &mut MultiCut,
     i: usize,
     data: &[u8],
     size: &mut SizeState,
     spans: &mut Vec<(u64, u64, u64)>,
+    blocks: Option<(&Blocks, u64)>,
 ) {
     spans.clear();
+    let full = match size.spec {
+        ChunkerSpec::Fixed { size } => size as u64,
+        _ => 0,
+    };
+    let mut buf = Vec::new();
     mc.cut(i, data, |start, end, c| {
-        spans.push((start, end, xxhash_rust::xxh3::xxh3_64(c)))
+        let id = match blocks {
+            Some((blocks, b)) if end - start == full => {
+                id_from_blocks(blocks, start, (full / b) as usize, &mut buf)
+            }
+            _ => xxhash_rust::xxh3::xxh3_64(c),
+        };
+        spans.push((start, end, id))
     });
     for k in 0..spans.len() {
         if let Some(&(_, _, ahead)) = spans.get(k + PREFETCH_AHEAD) {
@@ -847,11 +897,32 @@ impl Runner for ExactRunner {
             }
             Cutter::Multi(mc) => {
                 charge(&mut self.shared_cpu, || mc.scan(batch));
-                for (i, size) in self.sizes.iter_mut().enumerate() {
+                let base = self.blocks.as_ref().map(|b| b.0);
+                let order = base
+                    .into_iter()
+                    .chain((0..self.sizes.len()).filter(|&i| Some(i) != base));
+                for i in order {
+                    let size = &mut self.sizes[i];
                     let mut cpu = 0.0;
                     let spans = &mut self.spans;
-                    charge(&mut cpu, || add_chunks(mc, i, &batch.data, size, spans));
+                    let blocks = match &self.blocks {
+                        Some((b, s, blocks)) if *b != i => Some((blocks, *s)),
+                        _ => None,
+                    };
+                    charge(&mut cpu, || {
+                        add_chunks(mc, i, &batch.data, size, spans, blocks)
+                    });
+                    if let Some((b, _, blocks)) = &mut self.blocks {
+                        if *b == i {
+                            blocks.extend(self.spans.iter().map(|&(s, _, id)| (s, id)));
+                        }
+                    }
                     size.cpu += cpu;
+                }
+                if let Some((_, _, blocks)) = &mut self.blocks {
+                    let keep_from = mc.pending_start();
+                    let drop = blocks.partition_point(|&(s, _)| s < keep_from);
+                    blocks.drain(..drop);
                 }
                 charge(&mut self.shared_cpu, || mc.end_batch(&batch.data));
             }
@@ -1270,6 +1341,42 @@ mod tests {
             "{}",
             raw("global") / mib
         );
+    }
+
+    #[test]
+    fn fixed_sizes_made_from_blocks_count_what_each_size_alone_does() {
+        let a = noise(3 << 20, 8);
+        let mut b = a.clone();
+        b[1 << 20] ^= 1;
+        // Items of odd lengths, repeated at offsets that are not multiples of the sizes.
+        let items = [
+            a[..700_001].to_vec(),
+            a.clone(),
+            b,
+            a[5..].to_vec(),
+            a[..5].to_vec(),
+        ];
+        let specs = [4096, 1024, 16384, 65536].map(|size| ChunkerSpec::Fixed { size });
+        let run_with = |specs: &[ChunkerSpec]| {
+            let mut runner = ExactRunner::new(specs, &opts()).unwrap();
+            assert_eq!(runner.blocks.is_some(), specs.len() > 1);
+            for batch in test_batches(&items, 1_000_000) {
+                runner.feed(&Arc::new(batch));
+            }
+            Box::new(runner).finish()
+        };
+        let together = run_with(&specs);
+        for spec in specs {
+            let alone = run_with(&[spec]);
+            let name = format!("exact-{}", spec.label());
+            let pick = |m: &[Measured]| {
+                m.iter()
+                    .filter(|l| l.name.starts_with(&name))
+                    .map(|l| (l.name.clone(), l.output_bytes))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(pick(&together), pick(&alone), "{name}");
+        }
     }
 
     #[test]

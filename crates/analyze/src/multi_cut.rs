@@ -205,9 +205,14 @@ impl MultiCut {
         }
     }
 
+    /// The stream position where the earliest pending chunk of any size starts.
+    pub fn pending_start(&self) -> u64 {
+        self.starts.iter().copied().min().unwrap_or(self.scanned)
+    }
+
     /// Keeps what pending chunks need from `data` (the batch just cut) and forgets the rest.
     pub fn end_batch(&mut self, data: &[u8]) {
-        let keep_from = self.starts.iter().copied().min().unwrap_or(self.scanned);
+        let keep_from = self.pending_start();
         if keep_from >= self.batch_base {
             self.carry.clear();
             self.carry
