@@ -3,8 +3,10 @@
 //! A runner measures its own scopes: **local** (each image deduplicated alone, its index
 //! dropped between images) and **global** (all images pooled). Exact dedup counts duplicates
 //! with xxh3-64 ids (an estimate needs no cryptographic identity, and a false duplicate among
-//! a billion chunks has odds of 1 in 37) and adds the measured cost
-//! of BLAKE3 at that chunk size, so its reported speed is what a real deployment pays.
+//! a billion chunks has odds of 1 in 37; a fixed chunk larger than the smallest fixed size
+//! takes as id the xxh3-64 of its blocks' ids, so every byte is hashed once) and adds the
+//! measured cost of BLAKE3 at that chunk size, so its reported speed is what a real deployment
+//! pays. Compressed streams share a memo of compressed sizes (`memo.rs`).
 
 use std::collections::VecDeque;
 use std::fmt;
