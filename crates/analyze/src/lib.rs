@@ -12,7 +12,9 @@
 
 mod cpu;
 pub mod html;
+mod id_set;
 pub mod input;
+mod memo;
 pub mod methods;
 mod multi_cut;
 pub mod recommend;
@@ -149,6 +151,7 @@ pub fn analyze(
         several_images: images.len() > 1,
         window_bytes: opts.window_bytes,
         blake3_s_per_byte,
+        memo: Default::default(),
     };
     let runners = methods::runners(&specs, &ropts)?;
     // Each method runs on its own thread behind a short queue, so a slow method never makes

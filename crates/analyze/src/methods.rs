@@ -3,10 +3,12 @@
 //! A runner measures its own scopes: **local** (each image deduplicated alone, its index
 //! dropped between images) and **global** (all images pooled). Exact dedup counts duplicates
 //! with xxh3-64 ids (an estimate needs no cryptographic identity, and a false duplicate among
-//! a billion chunks has odds of 1 in 37) and adds the measured cost
-//! of BLAKE3 at that chunk size, so its reported speed is what a real deployment pays.
+//! a billion chunks has odds of 1 in 37; a fixed chunk larger than the smallest fixed size
+//! takes as id the xxh3-64 of its blocks' ids, so every byte is hashed once) and adds the
+//! measured cost of BLAKE3 at that chunk size, so its reported speed is what a real deployment
+//! pays. Compressed streams share a memo of compressed sizes (`memo.rs`).
 
-use std::collections::HashSet;
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Arc;
@@ -19,7 +21,9 @@ use dedupwire_engine::pipeline::{Encoder, PipelineConfig, Prepared};
 use serde::Serialize;
 
 use crate::cpu::charge;
+use crate::id_set::IdSet;
 use crate::input::{Batch, ItemKind, BATCH_BYTES};
+use crate::memo::Memo;
 use crate::multi_cut::MultiCut;
 use crate::AnalyzeError;
 
@@ -211,9 +215,11 @@ pub fn runners(
     let (mut fixed, mut cdc) = (Vec::new(), Vec::new());
     for spec in specs {
         match *spec {
-            MethodSpec::Compress(c) => {
-                out.push(Box::new(CompressRunner::new(c, opts.compress_every)))
-            }
+            MethodSpec::Compress(c) => out.push(Box::new(CompressRunner::new(
+                c,
+                opts.compress_every,
+                &opts.memo,
+            ))),
             MethodSpec::Similarity => out.push(Box::new(SimilarityRunner::new(opts)?)),
             MethodSpec::Exact(c @ ChunkerSpec::Whole) => {
                 out.push(Box::new(ExactRunner::new(&[c], opts)?))
@@ -245,6 +251,8 @@ pub struct RunnerOptions {
     pub chunk_sample: u64,
     /// BLAKE3 CPU seconds per byte, by chunk size, measured on this machine.
     pub blake3_s_per_byte: fn(usize) -> f64,
+    /// Compressed sizes shared by all streams.
+    pub memo: Memo,
 }
 
 /// Compression alone, per 4 MiB batch; on large inputs one batch in `every` after the first
@@ -255,10 +263,10 @@ struct CompressRunner {
 }
 
 impl CompressRunner {
-    fn new(method: Compression, every: u64) -> Self {
+    fn new(method: Compression, every: u64, memo: &Memo) -> Self {
         CompressRunner {
             method,
-            stream: Residual::new(every, method),
+            stream: Residual::new(every, method, memo),
         }
     }
 }
@@ -340,10 +348,11 @@ struct Residual {
     cpu_proxy: f64,
     /// Estimates absorbed from other streams: bytes, variance, CPU seconds.
     extra: (f64, f64, f64),
+    memo: Memo,
 }
 
 impl Residual {
-    fn new(every: u64, method: Compression) -> Self {
+    fn new(every: u64, method: Compression, memo: &Memo) -> Self {
         Residual {
             compressor: Compressor::new(method),
             buf: Vec::new(),
@@ -360,6 +369,7 @@ impl Residual {
             cpu_tail: 0.0,
             cpu_proxy: 0.0,
             extra: (0.0, 0.0, 0.0),
+            memo: memo.clone(),
         }
     }
 
@@ -382,6 +392,7 @@ impl Residual {
             cpu_tail: self.cpu_tail,
             cpu_proxy: self.cpu_proxy,
             extra: self.extra,
+            memo: self.memo.clone(),
         }
     }
 
@@ -422,9 +433,7 @@ impl Residual {
         let raw = self.cur as u64;
         if !self.in_tail() {
             let (c, buf, scratch) = (&mut self.compressor, &self.buf, &mut self.scratch);
-            let out = charge(&mut self.cpu_full, || {
-                c.compress_reusing(buf, scratch) as u64
-            });
+            let out = self.memo.compress(c, buf, scratch, &mut self.cpu_full) as u64;
             self.full.0 += raw;
             self.full.1 += out;
         } else {
@@ -435,7 +444,7 @@ impl Residual {
             let proxy = if self.every > 1 {
                 let (p, len) = (&self.proxy, self.proxy.len());
                 let (c, scratch) = (&mut self.compressor, &mut self.scratch);
-                let out = charge(&mut self.cpu_proxy, || c.compress_reusing(p, scratch));
+                let out = self.memo.compress(c, p, scratch, &mut self.cpu_proxy);
                 out as f64 / len.max(1) as f64 * raw as f64
             } else {
                 0.0
@@ -443,9 +452,7 @@ impl Residual {
             self.tail_proxy += proxy;
             if sampled {
                 let (c, buf, scratch) = (&mut self.compressor, &self.buf, &mut self.scratch);
-                let out = charge(&mut self.cpu_tail, || {
-                    c.compress_reusing(buf, scratch) as u64
-                });
+                let out = self.memo.compress(c, buf, scratch, &mut self.cpu_tail) as u64;
                 self.pairs.push((proxy, out as f64));
             }
             self.tail_batches += 1;
@@ -509,7 +516,7 @@ impl Residual {
 /// `sample` are indexed: every copy of a sampled chunk is sampled too (same id), so the
 /// duplicate status of each sampled chunk is exact and unique bytes scale by `sample`.
 struct ExactScope {
-    index: HashSet<u64, PassThrough>,
+    index: IdSet,
     sample: u64,
     unique_bytes: u64,
     /// Bytes each sampled chunk id contributed to `unique_bytes` (more than its size when the
@@ -524,16 +531,16 @@ struct ExactScope {
 }
 
 impl ExactScope {
-    fn new(every: u64, on_top: Compression, sample: u64) -> Self {
+    fn new(every: u64, on_top: Compression, sample: u64, memo: &Memo) -> Self {
         ExactScope {
-            index: HashSet::default(),
+            index: IdSet::default(),
             sample: sample.max(1),
             unique_bytes: 0,
             contrib: Default::default(),
             chunks: 0,
             peak_entries: 0,
             sampled_cpu: 0.0,
-            residual: Residual::new(every, on_top),
+            residual: Residual::new(every, on_top, memo),
         }
     }
 
@@ -580,7 +587,7 @@ impl ExactScope {
 
     fn reset_index(&mut self) {
         self.peak_entries = self.peak_entries.max(self.index.len());
-        self.index = HashSet::default();
+        self.index.clear();
     }
 
     /// A copy of this scope, for the global scope at the end of the first image: until then
@@ -618,6 +625,7 @@ struct WholeItem {
     big: Option<Residual>,
     every: u64,
     on_top: Compression,
+    memo: Memo,
 }
 
 impl WholeItem {
@@ -627,7 +635,7 @@ impl WholeItem {
         match &mut self.big {
             Some(big) => big.push(data),
             None if self.buf.len() + data.len() > WHOLE_BUFFER => {
-                let mut big = Residual::new(self.every, self.on_top);
+                let mut big = Residual::new(self.every, self.on_top, &self.memo);
                 big.push(&self.buf);
                 big.push(data);
                 self.buf = Vec::new();
@@ -677,6 +685,11 @@ struct ExactRunner {
     /// CPU shared by all sizes (the Gear pass), split evenly at the end.
     shared_cpu: f64,
     input_bytes: u64,
+    /// One size's chunks in the current batch: stream start, end, id.
+    spans: Vec<(u64, u64, u64)>,
+    /// With fixed sizes that are all multiples of the smallest: its index and size, and its
+    /// recent chunks (stream start, id), from which the larger sizes' ids are made.
+    blocks: Option<(usize, u64, Blocks)>,
 }
 
 impl ExactRunner {
@@ -689,10 +702,18 @@ impl ExactRunner {
                 big: None,
                 every: opts.compress_every,
                 on_top: opts.on_top,
+                memo: opts.memo.clone(),
             })),
             _ => Cutter::Multi(MultiCut::new(specs).map_err(AnalyzeError::Usage)?),
         };
-        let scope = || ExactScope::new(opts.compress_every, opts.on_top, opts.chunk_sample);
+        let scope = || {
+            ExactScope::new(
+                opts.compress_every,
+                opts.on_top,
+                opts.chunk_sample,
+                &opts.memo,
+            )
+        };
         Ok(ExactRunner {
             cutter,
             sizes: specs
@@ -709,15 +730,86 @@ impl ExactRunner {
             image: None,
             shared_cpu: 0.0,
             input_bytes: 0,
+            spans: Vec::new(),
+            blocks: block_size(specs).map(|(i, s)| (i, s, VecDeque::new())),
         })
     }
 }
 
-fn add_chunk(size: &mut SizeState, chunk: &[u8]) {
-    let id = xxhash_rust::xxh3::xxh3_64(chunk);
-    size.local.add(id, chunk);
-    if let Some(g) = size.global.as_mut() {
-        g.add(id, chunk);
+/// Recent chunks of the smallest fixed size: stream start and id.
+type Blocks = VecDeque<(u64, u64)>;
+
+/// Chunks looked up ahead of the one being added, so their index slots are in the cache.
+const PREFETCH_AHEAD: usize = 8;
+
+/// For two or more fixed sizes that are all multiples of the smallest: the smallest's index
+/// and size. Fixed chunks start at their item's start, so a full chunk of a larger size is a
+/// run of whole chunks of the smallest, and its id can be made from theirs: each byte is
+/// hashed once, not once per size.
+fn block_size(specs: &[ChunkerSpec]) -> Option<(usize, u64)> {
+    let sizes: Vec<usize> = specs
+        .iter()
+        .map(|s| match s {
+            ChunkerSpec::Fixed { size } => Some(*size),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let (i, &min) = sizes.iter().enumerate().min_by_key(|&(_, s)| *s)?;
+    (sizes.len() > 1 && min > 0 && sizes.iter().all(|s| s % min == 0)).then_some((i, min as u64))
+}
+
+/// The id of the full fixed chunk at stream position `start` made of `n` blocks, from the
+/// blocks' ids: xxh3-64 of the ids in order.
+fn id_from_blocks(blocks: &Blocks, start: u64, n: usize, buf: &mut Vec<u8>) -> u64 {
+    let first = blocks.partition_point(|&(s, _)| s < start);
+    debug_assert_eq!(blocks.get(first).map(|b| b.0), Some(start));
+    buf.clear();
+    for &(_, id) in blocks.range(first..first + n) {
+        buf.extend_from_slice(&id.to_le_bytes());
+    }
+    xxhash_rust::xxh3::xxh3_64(buf)
+}
+
+/// Adds the chunks `mc` cuts from `data` for size `i`: first all their ids, then each chunk
+/// while the index slots of those a few places ahead are fetched. With `blocks` (the ids of
+/// the smallest fixed size's recent chunks and that size), full chunks take their id from
+/// them.
+fn add_chunks(
+    mc: &mut MultiCut,
+    i: usize,
+    data: &[u8],
+    size: &mut SizeState,
+    spans: &mut Vec<(u64, u64, u64)>,
+    blocks: Option<(&Blocks, u64)>,
+) {
+    spans.clear();
+    let full = match size.spec {
+        ChunkerSpec::Fixed { size } => size as u64,
+        _ => 0,
+    };
+    let mut buf = Vec::new();
+    mc.cut(i, data, |start, end, c| {
+        let id = match blocks {
+            Some((blocks, b)) if end - start == full => {
+                id_from_blocks(blocks, start, (full / b) as usize, &mut buf)
+            }
+            _ => xxhash_rust::xxh3::xxh3_64(c),
+        };
+        spans.push((start, end, id))
+    });
+    for k in 0..spans.len() {
+        if let Some(&(_, _, ahead)) = spans.get(k + PREFETCH_AHEAD) {
+            size.local.index.prefetch(ahead);
+            if let Some(g) = &size.global {
+                g.index.prefetch(ahead);
+            }
+        }
+        let (start, end, id) = spans[k];
+        let chunk = mc.bytes(data, start, end);
+        size.local.add(id, chunk);
+        if let Some(g) = size.global.as_mut() {
+            g.add(id, chunk);
+        }
     }
 }
 
@@ -807,10 +899,32 @@ impl Runner for ExactRunner {
             }
             Cutter::Multi(mc) => {
                 charge(&mut self.shared_cpu, || mc.scan(batch));
-                for (i, size) in self.sizes.iter_mut().enumerate() {
+                let base = self.blocks.as_ref().map(|b| b.0);
+                let order = base
+                    .into_iter()
+                    .chain((0..self.sizes.len()).filter(|&i| Some(i) != base));
+                for i in order {
+                    let size = &mut self.sizes[i];
                     let mut cpu = 0.0;
-                    charge(&mut cpu, || mc.cut(i, &batch.data, |c| add_chunk(size, c)));
+                    let spans = &mut self.spans;
+                    let blocks = match &self.blocks {
+                        Some((b, s, blocks)) if *b != i => Some((blocks, *s)),
+                        _ => None,
+                    };
+                    charge(&mut cpu, || {
+                        add_chunks(mc, i, &batch.data, size, spans, blocks)
+                    });
+                    if let Some((b, _, blocks)) = &mut self.blocks {
+                        if *b == i {
+                            blocks.extend(self.spans.iter().map(|&(s, _, id)| (s, id)));
+                        }
+                    }
                     size.cpu += cpu;
+                }
+                if let Some((_, _, blocks)) = &mut self.blocks {
+                    let keep_from = mc.pending_start();
+                    let drop = blocks.partition_point(|&(s, _)| s < keep_from);
+                    blocks.drain(..drop);
                 }
                 charge(&mut self.shared_cpu, || mc.end_batch(&batch.data));
             }
@@ -881,14 +995,14 @@ struct GlobalSim {
 }
 
 impl GlobalSim {
-    fn start(every: u64, on_top: Compression) -> Self {
+    fn start(every: u64, on_top: Compression, memo: Memo) -> Self {
         let (tx, rx) = sync_channel::<GlobalJob>(4);
         let handle = std::thread::spawn(move || {
             let mut scopes: [Option<SimScope>; 2] = [None, None];
             for (slot, config, batch, prepared, prepare_cpu) in rx {
                 let items: Vec<&[u8]> = batch.pieces.iter().map(|p| batch.bytes(p)).collect();
                 scopes[slot]
-                    .get_or_insert_with(|| SimScope::new(config, every, on_top))
+                    .get_or_insert_with(|| SimScope::new(config, every, on_top, &memo))
                     .feed(&items, Some((&prepared, prepare_cpu)));
             }
             scopes
@@ -908,14 +1022,14 @@ struct SimScope {
 }
 
 impl SimScope {
-    fn new(config: PipelineConfig, every: u64, on_top: Compression) -> Self {
+    fn new(config: PipelineConfig, every: u64, on_top: Compression, memo: &Memo) -> Self {
         let config = PipelineConfig {
             compression: Compression::None,
             ..config
         };
         SimScope {
             encoder: Encoder::new(config).expect("built-in configurations are valid"),
-            residual: Residual::new(every, on_top),
+            residual: Residual::new(every, on_top, memo),
             sink: Vec::new(),
             cpu: 0.0,
             peak_index: 0,
@@ -993,7 +1107,7 @@ impl SimilarityRunner {
             local: [None, None],
             global: opts
                 .several_images
-                .then(|| GlobalSim::start(opts.compress_every, opts.on_top)),
+                .then(|| GlobalSim::start(opts.compress_every, opts.on_top, opts.memo.clone())),
             local_done: [SimTotals::default(); 2],
             input_bytes: 0,
         })
@@ -1032,7 +1146,9 @@ impl Runner for SimilarityRunner {
         let items: Vec<&[u8]> = batch.pieces.iter().map(|p| batch.bytes(p)).collect();
         let config = self.config(batch.kind);
         let (every, on_top) = (self.opts.compress_every, self.opts.on_top);
-        let local = self.local[slot].get_or_insert_with(|| SimScope::new(config, every, on_top));
+        let memo = &self.opts.memo;
+        let local =
+            self.local[slot].get_or_insert_with(|| SimScope::new(config, every, on_top, memo));
         let Some(global) = &self.global else {
             local.feed(&items, None);
             return;
@@ -1131,6 +1247,7 @@ mod tests {
             window_bytes: 1 << 30,
             chunk_sample: 1,
             blake3_s_per_byte: |_| 0.0,
+            memo: Memo::default(),
         }
     }
 
@@ -1178,7 +1295,7 @@ mod tests {
             });
         }
         let estimate = |every| {
-            let mut r = Residual::new(every, Compression::Zstd(3));
+            let mut r = Residual::new(every, Compression::Zstd(3), &Memo::default());
             for piece in data.chunks(1_000_003) {
                 r.push(piece);
             }
@@ -1226,6 +1343,42 @@ mod tests {
             "{}",
             raw("global") / mib
         );
+    }
+
+    #[test]
+    fn fixed_sizes_made_from_blocks_count_what_each_size_alone_does() {
+        let a = noise(3 << 20, 8);
+        let mut b = a.clone();
+        b[1 << 20] ^= 1;
+        // Items of odd lengths, repeated at offsets that are not multiples of the sizes.
+        let items = [
+            a[..700_001].to_vec(),
+            a.clone(),
+            b,
+            a[5..].to_vec(),
+            a[..5].to_vec(),
+        ];
+        let specs = [4096, 1024, 16384, 65536].map(|size| ChunkerSpec::Fixed { size });
+        let run_with = |specs: &[ChunkerSpec]| {
+            let mut runner = ExactRunner::new(specs, &opts()).unwrap();
+            assert_eq!(runner.blocks.is_some(), specs.len() > 1);
+            for batch in test_batches(&items, 1_000_000) {
+                runner.feed(&Arc::new(batch));
+            }
+            Box::new(runner).finish()
+        };
+        let together = run_with(&specs);
+        for spec in specs {
+            let alone = run_with(&[spec]);
+            let name = format!("exact-{}", spec.label());
+            let pick = |m: &[Measured]| {
+                m.iter()
+                    .filter(|l| l.name.starts_with(&name))
+                    .map(|l| (l.name.clone(), l.output_bytes))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(pick(&together), pick(&alone), "{name}");
+        }
     }
 
     #[test]

@@ -136,8 +136,9 @@ impl MultiCut {
         }
     }
 
-    /// Emits every chunk of size `i` that the data scanned so far decides.
-    pub fn cut(&mut self, i: usize, data: &[u8], mut f: impl FnMut(&[u8])) {
+    /// Emits every chunk of size `i` that the data scanned so far decides: its stream
+    /// positions (start, end) and bytes.
+    pub fn cut(&mut self, i: usize, data: &[u8], mut f: impl FnMut(u64, u64, &[u8])) {
         let cut = self.cuts[i];
         let mut start = self.starts[i];
         let mut ci = self.cands.partition_point(|&c| (c >> 8) <= start);
@@ -175,7 +176,7 @@ impl MultiCut {
                 break;
             }
             if end > start {
-                f(self.bytes(data, start, end));
+                f(start, end, self.bytes(data, start, end));
             }
             if item_end == Some(end) {
                 ei += 1;
@@ -188,7 +189,9 @@ impl MultiCut {
         self.starts[i] = start;
     }
 
-    fn bytes<'a>(&'a mut self, data: &'a [u8], start: u64, end: u64) -> &'a [u8] {
+    /// The bytes from stream position `start` to `end` of a chunk [`MultiCut::cut`] emitted
+    /// for `data`, the batch being cut.
+    pub fn bytes<'a>(&'a mut self, data: &'a [u8], start: u64, end: u64) -> &'a [u8] {
         let base = self.batch_base;
         if start >= base {
             &data[(start - base) as usize..(end - base) as usize]
@@ -202,9 +205,14 @@ impl MultiCut {
         }
     }
 
+    /// The stream position where the earliest pending chunk of any size starts.
+    pub fn pending_start(&self) -> u64 {
+        self.starts.iter().copied().min().unwrap_or(self.scanned)
+    }
+
     /// Keeps what pending chunks need from `data` (the batch just cut) and forgets the rest.
     pub fn end_batch(&mut self, data: &[u8]) {
-        let keep_from = self.starts.iter().copied().min().unwrap_or(self.scanned);
+        let keep_from = self.pending_start();
         if keep_from >= self.batch_base {
             self.carry.clear();
             self.carry
@@ -343,7 +351,7 @@ mod tests {
         for b in batches(items, batch) {
             mc.scan(&b);
             for (i, o) in out.iter_mut().enumerate() {
-                mc.cut(i, &b.data, |c| o.push(c.to_vec()));
+                mc.cut(i, &b.data, |_, _, c| o.push(c.to_vec()));
             }
             mc.end_batch(&b.data);
         }

@@ -226,20 +226,25 @@ impl Encoder {
     }
 
     fn write_frame(&mut self, content_hash: u64, out: &mut Vec<u8>) {
-        let mut method = self.config.compression;
-        let mut stored = self.compressor.compress(&self.body);
-        if stored.len() >= self.body.len() {
-            method = Compression::None;
-            stored.clear();
-            stored.extend_from_slice(&self.body);
-        }
+        let compressed;
+        let (method, stored) = match self.config.compression {
+            Compression::None => (Compression::None, &self.body[..]),
+            method => {
+                compressed = self.compressor.compress(&self.body);
+                if compressed.len() >= self.body.len() {
+                    (Compression::None, &self.body[..])
+                } else {
+                    (method, &compressed[..])
+                }
+            }
+        };
         let start = out.len();
         out.push(FRAME);
         varint::put(out, self.body.len() as u64);
         varint::put(out, stored.len() as u64);
         out.push(method.tag());
         out.extend_from_slice(&content_hash.to_le_bytes());
-        out.extend_from_slice(&stored);
+        out.extend_from_slice(stored);
         self.stats.frames += 1;
         self.stats.raw_bytes += self.body.len() as u64;
         self.stats.output_bytes += (out.len() - start) as u64;

@@ -174,15 +174,11 @@ impl SuperFeatureConfig {
 /// Odess: max of the linear transforms over content-sampled Gear positions.
 fn odess_features(chunk: &[u8], features: &mut [u64]) {
     features.fill(0);
-    let mut h = 0u64;
-    let mut sampled = false;
-    for &b in chunk {
-        h = (h << 1).wrapping_add(GEAR[b as usize]);
-        if h & ODESS_SAMPLE_MASK == 0 {
-            sampled = true;
-            transform_max(h, features);
-        }
-    }
+    let sampled = if chunk.len() >= ODESS_TWO_LANES_FROM {
+        odess_two_lanes(chunk, features)
+    } else {
+        odess_sampled(chunk, 0, features)
+    };
     if !sampled {
         // Too short (or unlucky) to be sampled: every position counts.
         let mut h = 0u64;
@@ -191,6 +187,53 @@ fn odess_features(chunk: &[u8], features: &mut [u64]) {
             transform_max(h, features);
         }
     }
+}
+
+/// Chunks at least this long are scanned as two lanes by [`odess_two_lanes`].
+const ODESS_TWO_LANES_FROM: usize = 256;
+
+/// Rolls the Gear hash over `bytes` from `hash`, taking the transforms' maxima at the sampled
+/// positions; returns whether any position was sampled.
+fn odess_sampled(bytes: &[u8], mut hash: u64, features: &mut [u64]) -> bool {
+    let mut sampled = false;
+    for &b in bytes {
+        hash = (hash << 1).wrapping_add(GEAR[b as usize]);
+        if hash & ODESS_SAMPLE_MASK == 0 {
+            sampled = true;
+            transform_max(hash, features);
+        }
+    }
+    sampled
+}
+
+/// [`odess_sampled`] over the whole chunk as two interleaved lanes (its halves), so the CPU
+/// overlaps the two hash chains. The hash shifts one bit per byte, so after 64 bytes it no
+/// longer depends on where it started: the second lane starts from zero 64 bytes before its
+/// half and samples exactly the positions one sequential scan would, and maxima do not depend
+/// on the order they are taken in.
+fn odess_two_lanes(chunk: &[u8], features: &mut [u64]) -> bool {
+    const WARM_UP: usize = 64;
+    let mid = chunk.len() / 2;
+    debug_assert!(mid >= WARM_UP);
+    let (a, b) = chunk.split_at(mid);
+    let mut hb = a[mid - WARM_UP..]
+        .iter()
+        .fold(0u64, |h, &x| (h << 1).wrapping_add(GEAR[x as usize]));
+    let mut ha = 0u64;
+    let mut sampled = false;
+    for (&x, &y) in a.iter().zip(b) {
+        ha = (ha << 1).wrapping_add(GEAR[x as usize]);
+        hb = (hb << 1).wrapping_add(GEAR[y as usize]);
+        if (ha & ODESS_SAMPLE_MASK == 0) | (hb & ODESS_SAMPLE_MASK == 0) {
+            for h in [ha, hb] {
+                if h & ODESS_SAMPLE_MASK == 0 {
+                    sampled = true;
+                    transform_max(h, features);
+                }
+            }
+        }
+    }
+    odess_sampled(&b[a.len()..], hb, features) | sampled
 }
 
 #[inline]
@@ -426,6 +469,25 @@ mod tests {
             let sf = cfg(SuperFeatureMethod::Odess).super_features(&data);
             assert_eq!(sf[1], hash_group(ode[4..8].iter().copied(), 1));
         }
+    }
+
+    #[test]
+    fn two_lanes_sample_what_one_scan_does() {
+        let lens = (ODESS_TWO_LANES_FROM..ODESS_TWO_LANES_FROM + 300).chain([4096, 8191, 65_537]);
+        for len in lens {
+            let data = noise(len, 11 + len as u64);
+            let (mut one, mut two) = ([0u64; 12], [0u64; 12]);
+            let a = odess_sampled(&data, 0, &mut one);
+            let b = odess_two_lanes(&data, &mut two);
+            assert_eq!((a, one), (b, two), "{len}");
+        }
+        let zeros = vec![0u8; 1000];
+        let (mut one, mut two) = ([0u64; 12], [0u64; 12]);
+        assert_eq!(
+            odess_sampled(&zeros, 0, &mut one),
+            odess_two_lanes(&zeros, &mut two)
+        );
+        assert_eq!(one, two);
     }
 
     /// Frozen vectors: a change that moves these changes every stored super-feature.
