@@ -271,8 +271,20 @@ pub fn send<S: Read + Write>(
     // Reading, hashing and delta encoding run one file ahead of the channel, on a second
     // core; the queue holds at most two files (or pieces) beyond the one being sent.
     let (tx, rx) = std::sync::mpsc::sync_channel(2);
-    let produced = std::thread::scope(|scope| -> Result<Produced> {
-        let producer = scope.spawn(|| produce(src, manifest, &need, &bases, cache, tx));
+    // Files sent go into the cache on a third thread, off the way to COMMIT and DONE.
+    let (keep_tx, keep_rx) = std::sync::mpsc::sync_channel::<Kept>(4);
+    std::thread::scope(|scope| -> Result<()> {
+        let keeper = scope.spawn(move || {
+            let mut warning = None;
+            for (hash, data) in keep_rx {
+                if let Some(Err(e)) = cache.map(|c| c.put(&hash, &data)) {
+                    warning.get_or_insert_with(|| e.to_string());
+                }
+            }
+            warning
+        });
+        let keep = cache.is_some().then_some(keep_tx);
+        let producer = scope.spawn(|| produce(src, manifest, &need, &bases, cache, keep, tx));
         let mut sent = Ok(());
         for p in &rx {
             let r = match p {
@@ -308,18 +320,19 @@ pub fn send<S: Read + Write>(
         drop(rx);
         let produced = producer.join().expect("the producer does not panic");
         sent?;
-        produced
+        let produced = produced?;
+        report.bytes_read = produced.bytes_read;
+        report.files_delta = produced.files_delta;
+        report.bytes_delta_files = produced.bytes_delta_files;
+        report.delta_bytes = produced.delta_bytes;
+        out.flush(stream)?;
+        progress(done, bytes_needed);
+        send_msg(stream, &[COMMIT])?;
+        let m = recv_msg(stream)?;
+        expect(&m, DONE, "DONE")?;
+        report.cache_warning = keeper.join().expect("the keeper does not panic");
+        Ok(())
     })?;
-    report.bytes_read = produced.bytes_read;
-    report.files_delta = produced.files_delta;
-    report.bytes_delta_files = produced.bytes_delta_files;
-    report.delta_bytes = produced.delta_bytes;
-    report.cache_warning = produced.cache_warning;
-    out.flush(stream)?;
-    progress(done, bytes_needed);
-    send_msg(stream, &[COMMIT])?;
-    let m = recv_msg(stream)?;
-    expect(&m, DONE, "DONE")?;
     report.channel = stream.stats();
     report.elapsed = started.elapsed();
     Ok(report)
@@ -340,6 +353,9 @@ enum Payload {
     },
 }
 
+/// A file sent, for the cache: its hash and contents.
+type Kept = ([u8; 32], Arc<Vec<u8>>);
+
 /// The producer's counters.
 #[derive(Default)]
 struct Produced {
@@ -347,11 +363,10 @@ struct Produced {
     files_delta: u64,
     bytes_delta_files: u64,
     delta_bytes: u64,
-    cache_warning: Option<String>,
 }
 
 /// Reads the needed files in order, checks them against the manifest, delta-encodes those
-/// with a base in the cache, keeps them in the cache, and queues them for the channel. Stops
+/// with a base in the cache, queues them for the channel, and then for the cache (`keep`). Stops
 /// early (returning its counters) when the channel side hangs up.
 fn produce(
     src: &Path,
@@ -359,6 +374,7 @@ fn produce(
     need: &[usize],
     bases: &HashMap<usize, [u8; BASE_PREFIX]>,
     cache: Option<&SendCache>,
+    keep: Option<std::sync::mpsc::SyncSender<Kept>>,
     tx: std::sync::mpsc::SyncSender<Payload>,
 ) -> Result<Produced> {
     let codec = Sampled::default();
@@ -431,10 +447,8 @@ fn produce(
         {
             return Ok(p);
         }
-        if let Some(c) = cache {
-            if let Err(e) = c.put(&hash, &data) {
-                p.cache_warning.get_or_insert_with(|| e.to_string());
-            }
+        if let Some(k) = &keep {
+            let _ = k.send((hash, data));
         }
     }
     Ok(p)
