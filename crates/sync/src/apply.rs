@@ -83,6 +83,11 @@ impl Drop for NameLock<'_> {
     }
 }
 
+/// Threads copying local files into staging, at most.
+const COPY_THREADS: usize = 4;
+/// Copies below which one more thread is not worth starting.
+const COPIES_PER_THREAD: usize = 64;
+
 /// Where each file of a new version comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
@@ -368,6 +373,7 @@ impl TreeRoot {
         };
         let tree = self.tree_path(&lock.name);
         let mut linked: HashSet<u64> = HashSet::new();
+        let mut copies: Vec<(PathBuf, PathBuf, usize)> = Vec::new();
         for (i, e) in st.manifest.entries.iter().enumerate() {
             let path = st.dir.join(e.rel_path());
             match &e.kind {
@@ -396,14 +402,50 @@ impl TreeRoot {
                         {
                             fs::hard_link(&from, &path).map_err(io_at(&path))?;
                         } else {
-                            copy_file(&from, &path, e)?;
+                            copies.push((from, path, i));
                         }
                     }
                     Source::Sender => st.needed.push(i),
                 },
             }
         }
+        copy_all(&copies, &st.manifest)?;
         Ok(st)
+    }
+}
+
+/// Runs the copies `(from, to, new entry)` on a few threads: a release that only touched
+/// mtimes copies every file, and on many small files the system calls, not the bytes, cost.
+fn copy_all(copies: &[(PathBuf, PathBuf, usize)], manifest: &Manifest) -> Result<()> {
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, COPY_THREADS)
+        .min(copies.len().div_ceil(COPIES_PER_THREAD));
+    if workers <= 1 {
+        return copies
+            .iter()
+            .try_for_each(|(from, to, i)| copy_file(from, to, &manifest.entries[*i]));
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let failed = Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| {
+                while let Some((from, to, i)) = copies.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    if let Err(e) = copy_file(from, to, &manifest.entries[*i]) {
+                        failed
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .get_or_insert(e);
+                        next.store(copies.len(), Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
 }
 

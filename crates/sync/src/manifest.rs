@@ -20,6 +20,8 @@ use std::io::Read;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Mutex;
 
 use crate::error::{io_at, Error, Result};
 
@@ -382,12 +384,29 @@ pub fn hash_file(path: &Path, on_read: &mut dyn FnMut(u64)) -> Result<([u8; 32],
     hash_reader(&mut f, path, on_read)
 }
 
+thread_local! {
+    /// Each thread's read buffer: allocating (and faulting in) a fresh one per file costs more
+    /// than hashing a small file.
+    static READ_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; 1 << 20]);
+}
+
 fn hash_reader(f: &mut File, path: &Path, on_read: &mut dyn FnMut(u64)) -> Result<([u8; 32], u64)> {
+    READ_BUF.with(|b| match b.try_borrow_mut() {
+        Ok(mut buf) => hash_into(f, path, on_read, &mut buf),
+        Err(_) => hash_into(f, path, on_read, &mut vec![0; 1 << 20]),
+    })
+}
+
+fn hash_into(
+    f: &mut File,
+    path: &Path,
+    on_read: &mut dyn FnMut(u64),
+    buf: &mut [u8],
+) -> Result<([u8; 32], u64)> {
     let mut h = blake3::Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
     let mut n = 0u64;
     loop {
-        let k = match f.read(&mut buf) {
+        let k = match f.read(buf) {
             Ok(0) => break,
             Ok(k) => k,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -418,12 +437,82 @@ pub fn scan(root: &Path, on_read: &mut dyn FnMut(u64)) -> Result<Scan> {
         },
         ..Scan::default()
     };
-    walk(root, &[], &mut scan, on_read)?;
+    let mut files = Vec::new();
+    walk(root, &[], &mut scan, &mut files)?;
+    scan.bytes_read = hash_all(&mut scan.manifest, &files, on_read)?;
     scan.manifest.validate()?;
     Ok(scan)
 }
 
-fn walk(dir: &Path, rel: &[u8], scan: &mut Scan, on_read: &mut dyn FnMut(u64)) -> Result<()> {
+/// Threads hashing a scan's files, at most.
+const HASH_THREADS: usize = 4;
+
+/// Hashes the files `(entry index, path)` into their entries on a few threads (on trees of
+/// many small files the opens and reads, not BLAKE3, cost); returns the bytes read. The
+/// first file (in tree order) that cannot be read is the error.
+fn hash_all(
+    manifest: &mut Manifest,
+    files: &[(usize, PathBuf)],
+    on_read: &mut dyn FnMut(u64),
+) -> Result<u64> {
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, HASH_THREADS)
+        .min(files.len().max(1));
+    let next = AtomicUsize::new(0);
+    let read = AtomicU64::new(0);
+    let failed: Mutex<Option<(usize, Error)>> = Mutex::new(None);
+    let hash_some = |after_each: &mut dyn FnMut()| {
+        let mut out = Vec::new();
+        loop {
+            let k = next.fetch_add(1, Relaxed);
+            let Some((_, path)) = files.get(k) else {
+                return out;
+            };
+            match hash_file(path, &mut |n| {
+                read.fetch_add(n, Relaxed);
+            }) {
+                Ok(h) => out.push((k, h)),
+                Err(e) => {
+                    let mut f = failed.lock().unwrap_or_else(|e| e.into_inner());
+                    if f.as_ref().is_none_or(|(j, _)| k < *j) {
+                        *f = Some((k, e));
+                    }
+                    next.store(files.len(), Relaxed);
+                }
+            }
+            after_each();
+        }
+    };
+    let mut hashed = Vec::with_capacity(files.len());
+    let mut reported = 0;
+    std::thread::scope(|scope| {
+        let others: Vec<_> = (1..workers)
+            .map(|_| scope.spawn(|| hash_some(&mut || {})))
+            .collect();
+        hashed.extend(hash_some(&mut || {
+            let now = read.load(Relaxed);
+            on_read(now - reported);
+            reported = now;
+        }));
+        for o in others {
+            hashed.extend(o.join().expect("hashing does not panic"));
+        }
+    });
+    if let Some((_, e)) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        return Err(e);
+    }
+    let total = read.load(Relaxed);
+    on_read(total - reported);
+    for (k, (hash, size)) in hashed {
+        manifest.entries[files[k].0].kind = Kind::File { size, hash };
+    }
+    Ok(total)
+}
+
+/// Lists `dir` into `scan` in tree order; files get their hash later (`files`: entry index
+/// and path of each).
+fn walk(dir: &Path, rel: &[u8], scan: &mut Scan, files: &mut Vec<(usize, PathBuf)>) -> Result<()> {
     let mut names = Vec::new();
     for d in fs::read_dir(dir).map_err(io_at(dir))? {
         names.push(d.map_err(io_at(dir))?.file_name());
@@ -441,13 +530,12 @@ fn walk(dir: &Path, rel: &[u8], scan: &mut Scan, on_read: &mut dyn FnMut(u64)) -
         let (kind, mode) = if ft.is_dir() {
             (Kind::Dir, md.mode() & MODE_MASK)
         } else if ft.is_file() {
-            let mut n = 0;
-            let (hash, size) = hash_file(&path, &mut |k| {
-                n += k;
-                on_read(k)
-            })?;
-            scan.bytes_read += n;
-            (Kind::File { size, hash }, md.mode() & MODE_MASK)
+            files.push((scan.manifest.entries.len(), path.clone()));
+            let unhashed = Kind::File {
+                size: md.len(),
+                hash: [0; 32],
+            };
+            (unhashed, md.mode() & MODE_MASK)
         } else if ft.is_symlink() {
             let target = fs::read_link(&path).map_err(io_at(&path))?;
             (
@@ -468,7 +556,7 @@ fn walk(dir: &Path, rel: &[u8], scan: &mut Scan, on_read: &mut dyn FnMut(u64)) -
             mtime_ns: mtime_ns(&md),
         });
         if is_dir {
-            walk(&path, &rp, scan, on_read)?;
+            walk(&path, &rp, scan, files)?;
         }
     }
     Ok(())
