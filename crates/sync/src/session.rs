@@ -66,6 +66,9 @@ pub struct SendOptions {
     pub dry_run: bool,
     /// Content bytes per DATA message (the unit the receiver holds in memory).
     pub batch_bytes: usize,
+    /// Files up to this size are read whole (and may travel as deltas); bigger ones are
+    /// streamed in pieces. At most [`DELTA_MAX`].
+    pub whole_file_max: u64,
 }
 
 impl Default for SendOptions {
@@ -73,6 +76,7 @@ impl Default for SendOptions {
         SendOptions {
             dry_run: false,
             batch_bytes: 32 << 20,
+            whole_file_max: DELTA_MAX,
         }
     }
 }
@@ -270,9 +274,23 @@ pub fn send<S: Read + Write>(
     progress(0, bytes_needed);
     // Reading, hashing and delta encoding run one file ahead of the channel, on a second
     // core; the queue holds at most two files (or pieces) beyond the one being sent.
-    let (tx, rx) = std::sync::mpsc::sync_channel(2);
-    // Files sent go into the cache on a third thread, off the way to COMMIT and DONE.
+    // Reading, hashing and delta encoding run ahead of the channel on up to PRODUCERS
+    // threads, file k on thread k % n, each a file ahead at most; files sent go into the
+    // cache on another thread, off the way to COMMIT and DONE.
+    let producers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, PRODUCERS);
+    let (txs, rxs): (Vec<_>, Vec<_>) = (0..producers)
+        .map(|_| std::sync::mpsc::sync_channel::<Payload>(1))
+        .unzip();
     let (keep_tx, keep_rx) = std::sync::mpsc::sync_channel::<Kept>(4);
+    let job = Job {
+        src,
+        manifest,
+        bases: &bases,
+        cache,
+        whole_max: opts.whole_file_max.min(DELTA_MAX),
+    };
     std::thread::scope(|scope| -> Result<()> {
         let keeper = scope.spawn(move || {
             let mut warning = None;
@@ -283,44 +301,78 @@ pub fn send<S: Read + Write>(
             }
             warning
         });
-        let keep = cache.is_some().then_some(keep_tx);
-        let producer = scope.spawn(|| produce(src, manifest, &need, &bases, cache, keep, tx));
+        let handles: Vec<_> = txs
+            .into_iter()
+            .enumerate()
+            .map(|(w, tx)| {
+                let keep = cache.is_some().then(|| keep_tx.clone());
+                let mine: Vec<usize> = need.iter().copied().skip(w).step_by(producers).collect();
+                let job = &job;
+                scope.spawn(move || produce(job, &mine, keep, tx))
+            })
+            .collect();
+        drop(keep_tx);
         let mut sent = Ok(());
-        for p in &rx {
-            let r = match p {
-                Payload::File {
-                    index,
-                    size,
-                    body,
-                    delta: true,
-                } => {
-                    done += size;
-                    out.pieces(stream, index, &body, PIECE_DELTA, PIECE_DELTA_END)
+        let mut files = 0;
+        'files: while files < need.len() {
+            let rx = &rxs[files % producers];
+            loop {
+                let Ok(p) = rx.recv() else {
+                    break 'files;
+                };
+                let (r, end) = match p {
+                    Payload::File {
+                        index,
+                        size,
+                        body,
+                        delta,
+                    } => {
+                        done += size;
+                        let (kind, last) = if delta {
+                            (PIECE_DELTA, PIECE_DELTA_END)
+                        } else {
+                            (PIECE_BYTES, PIECE_BYTES)
+                        };
+                        (out.pieces(stream, index, &body, kind, last), true)
+                    }
+                    Payload::Piece { index, body, last } => {
+                        done += body.len() as u64;
+                        let r = out.pieces(stream, index, &body, PIECE_BYTES, PIECE_BYTES);
+                        (r, last)
+                    }
+                };
+                if r.is_err() {
+                    sent = r;
+                    break 'files;
                 }
-                Payload::File {
-                    index,
-                    size,
-                    body,
-                    delta: false,
-                } => {
-                    done += size;
-                    out.pieces(stream, index, &body, PIECE_BYTES, PIECE_BYTES)
+                progress(done, bytes_needed);
+                if end {
+                    files += 1;
+                    break;
                 }
-                Payload::Piece { index, body } => {
-                    done += body.len() as u64;
-                    out.pieces(stream, index, &body, PIECE_BYTES, PIECE_BYTES)
-                }
-            };
-            if r.is_err() {
-                sent = r;
-                break;
             }
-            progress(done, bytes_needed);
         }
-        drop(rx);
-        let produced = producer.join().expect("the producer does not panic");
+        drop(rxs);
+        let mut produced = Produced::default();
+        let mut failed = None;
+        for h in handles {
+            match h.join().expect("a producer does not panic") {
+                Ok(p) => produced.add(&p),
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
         sent?;
-        let produced = produced?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if files < need.len() {
+            return Err(Error::Protocol(format!(
+                "{files} of {} files were read for sending",
+                need.len()
+            )));
+        }
         report.bytes_read = produced.bytes_read;
         report.files_delta = produced.files_delta;
         report.bytes_delta_files = produced.bytes_delta_files;
@@ -350,7 +402,32 @@ enum Payload {
     Piece {
         index: usize,
         body: Vec<u8>,
+        /// Whether it is the file's last piece.
+        last: bool,
     },
+}
+
+/// What every producer reads from.
+#[derive(Clone, Copy)]
+struct Job<'a> {
+    src: &'a Path,
+    manifest: &'a Manifest,
+    bases: &'a HashMap<usize, [u8; BASE_PREFIX]>,
+    cache: Option<&'a SendCache>,
+    /// Files above this are streamed in pieces.
+    whole_max: u64,
+}
+
+/// Threads reading and delta-encoding files for the channel, at most.
+const PRODUCERS: usize = 2;
+
+impl Produced {
+    fn add(&mut self, o: &Produced) {
+        self.bytes_read += o.bytes_read;
+        self.files_delta += o.files_delta;
+        self.bytes_delta_files += o.bytes_delta_files;
+        self.delta_bytes += o.delta_bytes;
+    }
 }
 
 /// A file sent, for the cache: its hash and contents.
@@ -365,18 +442,22 @@ struct Produced {
     delta_bytes: u64,
 }
 
-/// Reads the needed files in order, checks them against the manifest, delta-encodes those
+/// Reads the files `need` in order, checks them against the manifest, delta-encodes those
 /// with a base in the cache, queues them for the channel, and then for the cache (`keep`). Stops
 /// early (returning its counters) when the channel side hangs up.
 fn produce(
-    src: &Path,
-    manifest: &Manifest,
+    job: &Job<'_>,
     need: &[usize],
-    bases: &HashMap<usize, [u8; BASE_PREFIX]>,
-    cache: Option<&SendCache>,
     keep: Option<std::sync::mpsc::SyncSender<Kept>>,
     tx: std::sync::mpsc::SyncSender<Payload>,
 ) -> Result<Produced> {
+    let Job {
+        src,
+        manifest,
+        bases,
+        cache,
+        whole_max,
+    } = *job;
     let codec = Sampled::default();
     let mut p = Produced::default();
     for &i in need {
@@ -390,7 +471,7 @@ fn produce(
             .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
             .open(&path)
             .map_err(io_at(&path))?;
-        if size > DELTA_MAX {
+        if size > whole_max {
             let mut h = blake3::Hasher::new();
             let mut left = size;
             while left > 0 {
@@ -402,7 +483,15 @@ fn produce(
                 if left == 0 && *h.finalize().as_bytes() != hash {
                     return Err(changed_while_sent(&path));
                 }
-                if tx.send(Payload::Piece { index: i, body }).is_err() {
+                let last = left == 0;
+                if tx
+                    .send(Payload::Piece {
+                        index: i,
+                        body,
+                        last,
+                    })
+                    .is_err()
+                {
                     return Ok(p);
                 }
             }

@@ -23,6 +23,21 @@ fn session(
     Result<dedupwire_sync::SendReport, Error>,
     Result<ServeReport, Error>,
 ) {
+    session_with(root, src, name, manifest, cache, &SendOptions::default())
+}
+
+/// [`session`] with send options.
+fn session_with(
+    root: &Path,
+    src: &Path,
+    name: &[u8],
+    manifest: &Manifest,
+    cache: Option<&SendCache>,
+    opts: &SendOptions,
+) -> (
+    Result<dedupwire_sync::SendReport, Error>,
+    Result<ServeReport, Error>,
+) {
     let (a, b) = UnixStream::pair().unwrap();
     let root = root.to_path_buf();
     let server = std::thread::spawn(move || {
@@ -39,15 +54,7 @@ fn session(
         Role::Connect,
     )
     .unwrap();
-    let sent = send(
-        &mut c,
-        src,
-        name,
-        manifest,
-        &SendOptions::default(),
-        cache,
-        &mut |_, _| {},
-    );
+    let sent = send(&mut c, src, name, manifest, opts, cache, &mut |_, _| {});
     drop(c);
     (sent, server.join().unwrap())
 }
@@ -322,4 +329,45 @@ fn malformed_data_pieces_are_errors_and_the_tree_stays() {
         assert!(e.contains(want), "{want}: {e}");
         assert_eq!(fs::read(root.join("t/a")).unwrap(), old, "{want}");
     }
+}
+
+#[test]
+fn files_streamed_in_pieces_arrive_whole_between_delta_files() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    for (k, name) in ["a", "b", "c", "d", "e"].iter().enumerate() {
+        fs::write(src.join(name), noise(10 + k as u64, 2_000_000)).unwrap();
+    }
+    let root = t.path().join("root");
+    let cache_dir = t.path().join("cache");
+    let cache = SendCache::open(&cache_dir, "peer:1:t", DEFAULT_MAX_BYTES).unwrap();
+    let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
+    session(&root, &src, b"t", &m, Some(&cache)).0.unwrap();
+    cache.finish(&m).unwrap();
+
+    // "a", "b" and "d" go whole, as deltas; "c" and "e" in pieces over small DATA messages;
+    // the files alternate between the producer threads.
+    for name in ["a", "b", "d"] {
+        let old = fs::read(src.join(name)).unwrap();
+        fs::write(src.join(name), edited(&old)).unwrap();
+    }
+    fs::write(src.join("c"), noise(20, 2_500_000)).unwrap();
+    fs::write(src.join("e"), noise(21, 2_200_000)).unwrap();
+    fs::write(src.join("f"), noise(22, 100)).unwrap();
+    let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
+    let cache = SendCache::open(&cache_dir, "peer:1:t", DEFAULT_MAX_BYTES).unwrap();
+    let opts = SendOptions {
+        whole_file_max: 2_100_000,
+        batch_bytes: 300_000,
+        ..SendOptions::default()
+    };
+    let (sent, served) = session_with(&root, &src, b"t", &m, Some(&cache), &opts);
+    let (sent, served) = (sent.unwrap(), served.unwrap());
+    assert_eq!(sent.files_sent, 6);
+    assert_eq!((sent.files_delta, served.files_delta), (3, 3));
+    let got = manifest::scan(&root.join("t"), &mut |_| {})
+        .unwrap()
+        .manifest;
+    assert_eq!(got, m);
 }
