@@ -145,7 +145,10 @@ pub fn run(args: Args) -> Result<()> {
     let _ = channel.close();
     let mut cache_warning = report.cache_warning.clone();
     if let (Some(c), false) = (cache, args.dry_run) {
-        if let Err(e) = c.finish(&scan.manifest) {
+        if let Err(e) = c
+            .fill(&args.src, &scan.manifest)
+            .and_then(|_| c.finish(&scan.manifest))
+        {
             cache_warning.get_or_insert_with(|| e.to_string());
         }
     }

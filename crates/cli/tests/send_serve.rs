@@ -327,6 +327,19 @@ fn a_tree_is_copied_exactly_then_updated_with_few_bytes() {
     );
     assert_same_tree(&src, &root.join("t"));
     assert_eq!(fourth["files_delta"], 0, "{fourth}");
+    // That send filled the fresh cache with the files it did not send, so the next edit of
+    // any file goes as a delta.
+    let mut text = fs::read(src.join("data/text.txt")).unwrap();
+    text[1000..1010].copy_from_slice(b"EDITED----");
+    write(&src.join("data/text.txt"), &text, 0o444, 1_700_000_005);
+    let fifth = send(
+        &src,
+        &server.dest("t"),
+        &key,
+        &["--cache-dir", fresh.to_str().unwrap()],
+    );
+    assert_same_tree(&src, &root.join("t"));
+    assert_eq!(fifth["files_delta"], 1, "{fifth}");
     assert!(bytes_sent(&third) > bytes_sent(&second), "{third} {second}");
 
     // Deleting everything but one file deletes on the receiver too.

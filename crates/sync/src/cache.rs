@@ -164,6 +164,39 @@ impl SendCache {
         write_new(dir, &path, &packed)
     }
 
+    /// Keeps the files of `manifest` (read from `src`) that the cache lacks, so that the
+    /// next send finds a base for any of them: after a send whose unchanged files were never
+    /// sent through this cache (it was cleared, or another machine sent the tree). A file
+    /// that no longer matches its hash is skipped, and it stops once this send has nearly
+    /// spent the cache's bound. Returns how many files it added.
+    pub fn fill(&self, src: &Path, manifest: &Manifest) -> Result<u64> {
+        let mut added = 0;
+        for e in &manifest.entries {
+            let Kind::File { size, hash } = e.kind else {
+                continue;
+            };
+            if size == 0 || size > DELTA_MAX || self.object_path(&hash).exists() {
+                continue;
+            }
+            if self.budget.load(Ordering::Relaxed) < size / 2 {
+                break;
+            }
+            let path = src.join(e.rel_path());
+            let mut bytes = Vec::with_capacity(size as usize);
+            let read = OpenOptions::new()
+                .read(true)
+                .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+                .open(&path)
+                .and_then(|f| f.take(size + 1).read_to_end(&mut bytes));
+            if read.is_err() || *blake3::hash(&bytes).as_bytes() != hash {
+                continue;
+            }
+            self.put(&hash, &bytes)?;
+            added += 1;
+        }
+        Ok(added)
+    }
+
     /// The encoded manifest of the tree last sent to this destination (the base of the next
     /// OFFER's manifest delta), if the record is sound.
     pub fn last_manifest(&self) -> Option<Vec<u8>> {
@@ -379,6 +412,37 @@ mod tests {
             "b left every destination"
         );
         assert!(again.base(&h(&c_)[..8]).is_some(), "two still holds c");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn filling_adds_the_files_the_cache_lacks() {
+        let dir = tmp("fill");
+        let src = dir.join("src");
+        fs::create_dir_all(&src).unwrap();
+        let (a, b) = (b"first file".repeat(30), b"second file".repeat(30));
+        fs::write(src.join("a"), &a).unwrap();
+        fs::write(src.join("b"), &b).unwrap();
+        let m = Manifest {
+            entries: vec![
+                file_entry("a", &a),
+                file_entry("b", &b),
+                file_entry("gone", b"x"),
+            ],
+            ..Manifest::default()
+        };
+        let c = SendCache::open(&dir.join("cache"), "h:1:t", DEFAULT_MAX_BYTES).unwrap();
+        let ha = *blake3::hash(&a).as_bytes();
+        c.put(&ha, &a).unwrap();
+        fs::write(src.join("b"), b"changed since the scan").unwrap();
+        assert_eq!(
+            c.fill(&src, &m).unwrap(),
+            0,
+            "a is there, b changed, gone is gone"
+        );
+        fs::write(src.join("b"), &b).unwrap();
+        assert_eq!(c.fill(&src, &m).unwrap(), 1);
+        assert!(c.base(&blake3::hash(&b).as_bytes()[..8]).is_some());
         fs::remove_dir_all(&dir).unwrap();
     }
 
