@@ -272,8 +272,6 @@ pub fn send<S: Read + Write>(
     };
     let mut done = 0u64;
     progress(0, bytes_needed);
-    // Reading, hashing and delta encoding run one file ahead of the channel, on a second
-    // core; the queue holds at most two files (or pieces) beyond the one being sent.
     // Reading, hashing and delta encoding run ahead of the channel on up to PRODUCERS
     // threads, file k on thread k % n, each a file ahead at most; files sent go into the
     // cache on another thread, off the way to COMMIT and DONE.
