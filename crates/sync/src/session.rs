@@ -1,12 +1,16 @@
 //! The send/serve conversation over a [`DedupStream`]: messages in `crates/sync/FORMAT.md`.
 //!
-//! 1. The sender sends OFFER: the tree's name, flags (dry run) and its manifest.
+//! 1. The sender sends OFFER: the tree's name, flags (dry run) and its manifest, whole or
+//!    as a delta against the manifest it last sent there (from its [`SendCache`]; a receiver
+//!    whose tree is another answers RESEND and gets it whole).
 //! 2. The receiver checks both, reserves the name, compares the manifest to its current tree,
-//!    builds what it can locally in staging, and answers PLAN: what changes, and which files'
-//!    contents it needs (those it finds nowhere in its current tree), in order.
+//!    builds what it can locally in staging, and answers PLAN: what changes, which files'
+//!    contents it needs (those it finds nowhere in its current tree), in order, and the hash
+//!    prefix of its old version of each, where it has one at the same path.
 //! 3. The sender sends those contents as DATA messages (pieces of files in order, small files
-//!    batched together, big ones split, about `batch_bytes` per message); the receiver writes
-//!    them into staging and checks each file's BLAKE3 against the manifest.
+//!    batched together, big ones split, about `batch_bytes` per message), a file as a delta
+//!    against its old version when the cache holds that version; the receiver writes them
+//!    into staging and checks each file's BLAKE3 against the manifest.
 //! 4. The sender sends COMMIT; the receiver swaps the new version in and answers DONE.
 //!
 //! Either end may send ERROR (text) instead of its next message and stop. Every message
