@@ -35,6 +35,7 @@ use rustix::fs::{AtFlags, OFlags, RenameFlags, Timespec, Timestamps, CWD, UTIME_
 
 use crate::error::{io_at, Error, Result};
 use crate::manifest::{self, check_name, hash_file, mtime_ns, Entry, Kind, Manifest};
+use crate::parallel;
 
 /// The directory under ROOT this end keeps its state in (never a tree name).
 pub const STATE_DIR: &str = ".dedupwire";
@@ -417,36 +418,17 @@ impl TreeRoot {
 /// Runs the copies `(from, to, new entry)` on a few threads: a release that only touched
 /// mtimes copies every file, and on many small files the system calls, not the bytes, cost.
 fn copy_all(copies: &[(PathBuf, PathBuf, usize)], manifest: &Manifest) -> Result<()> {
-    let workers = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .clamp(1, COPY_THREADS)
-        .min(copies.len().div_ceil(COPIES_PER_THREAD));
-    if workers <= 1 {
-        return copies
-            .iter()
-            .try_for_each(|(from, to, i)| copy_file(from, to, &manifest.entries[*i]));
-    }
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let failed = Mutex::new(None);
-    std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(|| {
-                while let Some((from, to, i)) = copies.get(next.fetch_add(1, Ordering::Relaxed)) {
-                    if let Err(e) = copy_file(from, to, &manifest.entries[*i]) {
-                        failed
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .get_or_insert(e);
-                        next.store(copies.len(), Ordering::Relaxed);
-                    }
-                }
-            });
-        }
-    });
-    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    parallel::for_each(
+        copies.len(),
+        COPY_THREADS,
+        COPIES_PER_THREAD,
+        |k| {
+            let (from, to, i) = &copies[k];
+            copy_file(from, to, &manifest.entries[*i])
+        },
+        &mut || {},
+    )
+    .map(drop)
 }
 
 /// Copies a current file (checked by [`TreeRoot::resolve`]) into staging with new metadata:

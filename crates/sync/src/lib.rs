@@ -26,6 +26,7 @@ pub mod apply;
 pub mod cache;
 mod error;
 pub mod manifest;
+mod parallel;
 pub mod plan;
 pub mod session;
 mod store;

@@ -20,10 +20,10 @@ use std::io::Read;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::error::{io_at, Error, Result};
+use crate::parallel;
 
 /// The manifest encoding's magic bytes.
 pub const MAGIC: &[u8; 4] = b"DWMF";
@@ -455,57 +455,27 @@ fn hash_all(
     files: &[(usize, PathBuf)],
     on_read: &mut dyn FnMut(u64),
 ) -> Result<u64> {
-    let workers = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .clamp(1, HASH_THREADS)
-        .min(files.len().max(1));
-    let next = AtomicUsize::new(0);
     let read = AtomicU64::new(0);
-    let failed: Mutex<Option<(usize, Error)>> = Mutex::new(None);
-    let hash_some = |after_each: &mut dyn FnMut()| {
-        let mut out = Vec::new();
-        loop {
-            let k = next.fetch_add(1, Relaxed);
-            let Some((_, path)) = files.get(k) else {
-                return out;
-            };
-            match hash_file(path, &mut |n| {
-                read.fetch_add(n, Relaxed);
-            }) {
-                Ok(h) => out.push((k, h)),
-                Err(e) => {
-                    let mut f = failed.lock().unwrap_or_else(|e| e.into_inner());
-                    if f.as_ref().is_none_or(|(j, _)| k < *j) {
-                        *f = Some((k, e));
-                    }
-                    next.store(files.len(), Relaxed);
-                }
-            }
-            after_each();
-        }
-    };
-    let mut hashed = Vec::with_capacity(files.len());
     let mut reported = 0;
-    std::thread::scope(|scope| {
-        let others: Vec<_> = (1..workers)
-            .map(|_| scope.spawn(|| hash_some(&mut || {})))
-            .collect();
-        hashed.extend(hash_some(&mut || {
+    let hashed = parallel::for_each(
+        files.len(),
+        HASH_THREADS,
+        1,
+        |k| {
+            hash_file(&files[k].1, &mut |n| {
+                read.fetch_add(n, Relaxed);
+            })
+        },
+        &mut || {
             let now = read.load(Relaxed);
             on_read(now - reported);
             reported = now;
-        }));
-        for o in others {
-            hashed.extend(o.join().expect("hashing does not panic"));
-        }
-    });
-    if let Some((_, e)) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        return Err(e);
-    }
+        },
+    )?;
     let total = read.load(Relaxed);
     on_read(total - reported);
-    for (k, (hash, size)) in hashed {
-        manifest.entries[files[k].0].kind = Kind::File { size, hash };
+    for ((i, _), (hash, size)) in files.iter().zip(hashed) {
+        manifest.entries[*i].kind = Kind::File { size, hash };
     }
     Ok(total)
 }

@@ -586,18 +586,8 @@ impl Batcher {
             .max(64 << 10)
     }
 
-    /// Appends a piece header and `len` zero bytes for the caller to fill.
-    fn open_piece(&mut self, index: usize, kind: u8, len: usize) -> &mut [u8] {
-        self.batch.push(kind);
-        put_u32(&mut self.batch, index);
-        put_u32(&mut self.batch, len);
-        let start = self.batch.len();
-        self.batch.resize(start + len, 0);
-        &mut self.batch[start..]
-    }
-
     /// Appends `bytes` as pieces of entry `index`: `kind` for each but the last, `last` for
-    /// the last.
+    /// the last; sends the batch whenever it is full.
     fn pieces<S: Read + Write>(
         &mut self,
         stream: &mut DedupStream<S>,
@@ -609,23 +599,18 @@ impl Batcher {
         loop {
             let n = bytes.len().min(MAX_PIECE).min(self.room());
             let (head, rest) = bytes.split_at(n);
-            let k = if rest.is_empty() { last } else { kind };
-            self.open_piece(index, k, n).copy_from_slice(head);
+            self.batch.push(if rest.is_empty() { last } else { kind });
+            put_u32(&mut self.batch, index);
+            put_u32(&mut self.batch, n);
+            self.batch.extend_from_slice(head);
             bytes = rest;
-            self.flush_if_full(stream)?;
+            if self.batch.len() + PIECE_HEADER >= self.limit {
+                self.flush(stream)?;
+            }
             if bytes.is_empty() {
                 return Ok(());
             }
         }
-    }
-
-    /// Sends the batch if it is full; whether it did.
-    fn flush_if_full<S: Read + Write>(&mut self, stream: &mut DedupStream<S>) -> Result<bool> {
-        if self.batch.len() + PIECE_HEADER >= self.limit {
-            self.flush(stream)?;
-            return Ok(true);
-        }
-        Ok(false)
     }
 
     fn flush<S: Read + Write>(&mut self, stream: &mut DedupStream<S>) -> Result<()> {

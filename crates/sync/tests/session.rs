@@ -156,6 +156,31 @@ fn edited(old: &[u8]) -> Vec<u8> {
     new
 }
 
+/// Sends `src` as "t" into `root` with the sender's cache in `cache_dir`, recording the tree
+/// in the cache after a good send as `dedupwire send` does; returns the manifest sent too.
+fn send_cached(
+    root: &Path,
+    src: &Path,
+    cache_dir: &Path,
+    opts: &SendOptions,
+) -> (
+    Manifest,
+    Result<dedupwire_sync::SendReport, Error>,
+    Result<ServeReport, Error>,
+) {
+    let m = manifest::scan(src, &mut |_| {}).unwrap().manifest;
+    let cache = SendCache::open(cache_dir, "peer:1:t", DEFAULT_MAX_BYTES).unwrap();
+    let (sent, served) = session_with(root, src, b"t", &m, Some(&cache), opts);
+    if sent.is_ok() {
+        cache.finish(&m).unwrap();
+    }
+    (m, sent, served)
+}
+
+fn tree_of(dir: &Path) -> Manifest {
+    manifest::scan(dir, &mut |_| {}).unwrap().manifest
+}
+
 #[test]
 fn a_changed_file_travels_as_a_delta_against_the_cached_old_version() {
     let t = tempfile::tempdir().unwrap();
@@ -164,17 +189,13 @@ fn a_changed_file_travels_as_a_delta_against_the_cached_old_version() {
     let old = noise(1, 2_000_000);
     fs::write(src.join("big"), &old).unwrap();
     fs::write(src.join("small"), b"unchanged").unwrap();
-    let root = t.path().join("root");
-    let cache = SendCache::open(&t.path().join("cache"), "peer:1:t", DEFAULT_MAX_BYTES).unwrap();
-    let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
-    let (sent, _) = session(&root, &src, b"t", &m, Some(&cache));
+    let (root, cache) = (t.path().join("root"), t.path().join("cache"));
+    let opts = SendOptions::default();
+    let (_, sent, _) = send_cached(&root, &src, &cache, &opts);
     assert_eq!(sent.unwrap().files_delta, 0, "nothing to delta against yet");
-    cache.finish(&m).unwrap();
 
     fs::write(src.join("big"), edited(&old)).unwrap();
-    let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
-    let cache = SendCache::open(&t.path().join("cache"), "peer:1:t", DEFAULT_MAX_BYTES).unwrap();
-    let (sent, served) = session(&root, &src, b"t", &m, Some(&cache));
+    let (m, sent, served) = send_cached(&root, &src, &cache, &opts);
     let (sent, served) = (sent.unwrap(), served.unwrap());
     assert_eq!((sent.files_delta, served.files_delta), (1, 1));
     assert!(sent.delta_bytes < 2_000, "{} delta bytes", sent.delta_bytes);
@@ -183,10 +204,7 @@ fn a_changed_file_travels_as_a_delta_against_the_cached_old_version() {
         "{} bytes sent",
         sent.channel.socket_bytes_sent
     );
-    let got = manifest::scan(&root.join("t"), &mut |_| {})
-        .unwrap()
-        .manifest;
-    assert_eq!(got, m);
+    assert_eq!(tree_of(&root.join("t")), m);
 }
 
 #[test]
@@ -196,12 +214,9 @@ fn a_base_changed_on_the_receiver_is_a_clear_error_and_the_tree_stays() {
     fs::create_dir_all(&src).unwrap();
     let old = noise(2, 2_000_000);
     fs::write(src.join("big"), &old).unwrap();
-    let root = t.path().join("root");
-    let cache_dir = t.path().join("cache");
-    let cache = SendCache::open(&cache_dir, "peer:1:t", DEFAULT_MAX_BYTES).unwrap();
-    let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
-    session(&root, &src, b"t", &m, Some(&cache)).0.unwrap();
-    cache.finish(&m).unwrap();
+    let (root, cache) = (t.path().join("root"), t.path().join("cache"));
+    let opts = SendOptions::default();
+    send_cached(&root, &src, &cache, &opts).1.unwrap();
 
     // Damaged in place on the receiver, same size and modification time: the manifest it
     // keeps still names the old contents.
@@ -215,9 +230,7 @@ fn a_base_changed_on_the_receiver_is_a_clear_error_and_the_tree_stays() {
     drop(f);
 
     fs::write(src.join("big"), edited(&old)).unwrap();
-    let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
-    let cache = SendCache::open(&cache_dir, "peer:1:t", DEFAULT_MAX_BYTES).unwrap();
-    let (sent, served) = session(&root, &src, b"t", &m, Some(&cache));
+    let (_, sent, served) = send_cached(&root, &src, &cache, &opts);
     let e = served.unwrap_err().to_string();
     assert!(e.contains("changed on this end"), "{e}");
     assert!(sent.is_err());
@@ -230,27 +243,20 @@ fn a_receiver_without_the_cached_tree_gets_the_whole_manifest() {
     let src = t.path().join("src");
     fs::create_dir_all(&src).unwrap();
     fs::write(src.join("f"), noise(3, 100_000)).unwrap();
-    let cache_dir = t.path().join("cache");
-    let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
-    let cache = SendCache::open(&cache_dir, "peer:1:t", DEFAULT_MAX_BYTES).unwrap();
-    session(&t.path().join("one"), &src, b"t", &m, Some(&cache))
-        .0
+    let cache = t.path().join("cache");
+    let opts = SendOptions::default();
+    send_cached(&t.path().join("one"), &src, &cache, &opts)
+        .1
         .unwrap();
-    cache.finish(&m).unwrap();
 
     // Another receiver behind the same address: its tree is not the one the cache recorded,
     // so it asks for the whole manifest and the send still completes.
     fs::write(src.join("g"), b"more").unwrap();
-    let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
-    let cache = SendCache::open(&cache_dir, "peer:1:t", DEFAULT_MAX_BYTES).unwrap();
     let other = t.path().join("other");
-    let (sent, served) = session(&other, &src, b"t", &m, Some(&cache));
+    let (m, sent, served) = send_cached(&other, &src, &cache, &opts);
     assert_eq!(sent.unwrap().diff.files_new, 2);
     assert_eq!(served.unwrap().files_received, 2);
-    let got = manifest::scan(&other.join("t"), &mut |_| {})
-        .unwrap()
-        .manifest;
-    assert_eq!(got, m);
+    assert_eq!(tree_of(&other.join("t")), m);
 }
 
 /// Plays a hostile sender by hand (FORMAT.md): OFFER with the whole manifest of `src`, then
@@ -339,12 +345,10 @@ fn files_streamed_in_pieces_arrive_whole_between_delta_files() {
     for (k, name) in ["a", "b", "c", "d", "e"].iter().enumerate() {
         fs::write(src.join(name), noise(10 + k as u64, 2_000_000)).unwrap();
     }
-    let root = t.path().join("root");
-    let cache_dir = t.path().join("cache");
-    let cache = SendCache::open(&cache_dir, "peer:1:t", DEFAULT_MAX_BYTES).unwrap();
-    let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
-    session(&root, &src, b"t", &m, Some(&cache)).0.unwrap();
-    cache.finish(&m).unwrap();
+    let (root, cache) = (t.path().join("root"), t.path().join("cache"));
+    send_cached(&root, &src, &cache, &SendOptions::default())
+        .1
+        .unwrap();
 
     // "a", "b" and "d" go whole, as deltas; "c" and "e" in pieces over small DATA messages;
     // the files alternate between the producer threads.
@@ -355,19 +359,14 @@ fn files_streamed_in_pieces_arrive_whole_between_delta_files() {
     fs::write(src.join("c"), noise(20, 2_500_000)).unwrap();
     fs::write(src.join("e"), noise(21, 2_200_000)).unwrap();
     fs::write(src.join("f"), noise(22, 100)).unwrap();
-    let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
-    let cache = SendCache::open(&cache_dir, "peer:1:t", DEFAULT_MAX_BYTES).unwrap();
     let opts = SendOptions {
         whole_file_max: 2_100_000,
         batch_bytes: 300_000,
         ..SendOptions::default()
     };
-    let (sent, served) = session_with(&root, &src, b"t", &m, Some(&cache), &opts);
+    let (m, sent, served) = send_cached(&root, &src, &cache, &opts);
     let (sent, served) = (sent.unwrap(), served.unwrap());
     assert_eq!(sent.files_sent, 6);
     assert_eq!((sent.files_delta, served.files_delta), (3, 3));
-    let got = manifest::scan(&root.join("t"), &mut |_| {})
-        .unwrap()
-        .manifest;
-    assert_eq!(got, m);
+    assert_eq!(tree_of(&root.join("t")), m);
 }
