@@ -6,11 +6,13 @@
 //!   `_id`, new body), the first `--pairs` of each stream;
 //! - `pkgs`: files at the same relative path in consecutive `pkgs/django-*` trees whose
 //!   contents differ;
-//! - `tar`: an uncompressed tar of the first tree vs one of the second.
+//! - `tar`: an uncompressed tar of the first tree vs one of the second;
+//! - `binary`: pyarrow's `libarrow.so` from the 14.0.1 and 14.0.2 wheels (61 MB, a rebuilt
+//!   shared library), when `LINKS=1 bench/fetch-data.sh` has fetched them.
 //!
 //! Speeds are single-threaded, the median of `--runs` runs, in MB (10^6 bytes) of target per
 //! second. External tools are spawned once per pair, so their speed is only printed for the
-//! `tar` pair. Every decode of ours (and of the tools' on `tar`) is checked against the
+//! big pairs. Every decode of ours (and of the tools' on the big pairs) is checked against the
 //! target. `batch z3` is the sum of a set's deltas compressed together with zstd -3 in 4 MiB
 //! batches, as the pipeline ships them (for the `none` row: the targets themselves).
 
@@ -39,7 +41,7 @@ pub struct Args {
     /// Skip the external tools (xdelta3, zstd --patch-from).
     #[arg(long)]
     no_external: bool,
-    /// Skip the big tar pair.
+    /// Skip the big pairs (tar, binary).
     #[arg(long)]
     no_tar: bool,
     /// Also sweep our codec's window and stride on the document and package sets.
@@ -105,6 +107,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     sets.push(pkg_set(&trees)?);
     if !args.no_tar {
         sets.push(tar_set(&trees, &tmp.0)?);
+        match binary_set(&data.join("links/wheel-pyarrow"))? {
+            Some(set) => sets.push(set),
+            None => {
+                eprintln!("binary: no pyarrow wheels (LINKS=1 bench/fetch-data.sh fetches them)")
+            }
+        }
     }
     let external = !args.no_external && tools_present()?;
 
@@ -695,6 +703,24 @@ fn tar_set(trees: &[PathBuf], tmp: &Path) -> anyhow::Result<PairSet> {
         pairs: vec![Pair { source, target }],
         big: true,
     })
+}
+
+/// `binary`: `libarrow.so.1400` of the two unpacked pyarrow wheels, if both are there.
+fn binary_set(dir: &Path) -> anyhow::Result<Option<PairSet>> {
+    let file = |v: &str| dir.join(v).join("pyarrow/libarrow.so.1400");
+    let (old, new) = (file("14.0.1"), file("14.0.2"));
+    if !old.is_file() || !new.is_file() {
+        return Ok(None);
+    }
+    let read = |p: &Path| fs::read(p).with_context(|| format!("reading {}", p.display()));
+    Ok(Some(PairSet {
+        name: "binary".into(),
+        pairs: vec![Pair {
+            source: read(&old)?,
+            target: read(&new)?,
+        }],
+        big: true,
+    }))
 }
 
 /// A temporary directory removed on drop.
