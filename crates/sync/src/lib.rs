@@ -22,6 +22,7 @@
 //! [`manifest::scan`]). Formats: `crates/sync/FORMAT.md`.
 #![deny(missing_docs)]
 
+mod ahead;
 pub mod apply;
 pub mod cache;
 mod error;

@@ -23,10 +23,13 @@ use std::fs::OpenOptions;
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::sync::mpsc::TryRecvError;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dedupwire_engine::delta::{DeltaCodec, Sampled};
+
+use crate::ahead::Ahead;
 use dedupwire_wire::{ChannelStats, ChunkStore, DedupStream};
 
 use crate::apply::{Retired, Source, TreeRoot};
@@ -277,21 +280,23 @@ pub fn send<S: Read + Write>(
     let mut done = 0u64;
     progress(0, bytes_needed);
     // Reading, hashing and delta encoding run ahead of the channel on up to PRODUCERS
-    // threads, file k on thread k % n, each a file ahead at most; files sent go into the
-    // cache on another thread, off the way to COMMIT and DONE.
+    // threads, file k on thread k % n, within AHEAD_BYTES held (see `ahead`); files sent go
+    // into the cache on another thread, off the way to COMMIT and DONE.
     let producers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .clamp(1, PRODUCERS);
     let (txs, rxs): (Vec<_>, Vec<_>) = (0..producers)
-        .map(|_| std::sync::mpsc::sync_channel::<Payload>(1))
+        .map(|_| std::sync::mpsc::sync_channel::<Payload>(AHEAD_FILES))
         .unzip();
     let (keep_tx, keep_rx) = std::sync::mpsc::sync_channel::<Kept>(4);
+    let ahead = Ahead::new(AHEAD_BYTES);
     let job = Job {
         src,
         manifest,
         bases: &bases,
         cache,
         whole_max: opts.whole_file_max.min(DELTA_MAX),
+        ahead: &ahead,
     };
     std::thread::scope(|scope| -> Result<()> {
         let keeper = scope.spawn(move || {
@@ -308,7 +313,13 @@ pub fn send<S: Read + Write>(
             .enumerate()
             .map(|(w, tx)| {
                 let keep = cache.is_some().then(|| keep_tx.clone());
-                let mine: Vec<usize> = need.iter().copied().skip(w).step_by(producers).collect();
+                let mine: Vec<(usize, usize)> = need
+                    .iter()
+                    .copied()
+                    .enumerate()
+                    .skip(w)
+                    .step_by(producers)
+                    .collect();
                 let job = &job;
                 scope.spawn(move || produce(job, &mine, keep, tx))
             })
@@ -318,9 +329,25 @@ pub fn send<S: Read + Write>(
         let mut files = 0;
         'files: while files < need.len() {
             let rx = &rxs[files % producers];
+            ahead.waiting_for(files);
             loop {
-                let Ok(p) = rx.recv() else {
-                    break 'files;
+                let p = match rx.try_recv() {
+                    Ok(p) => p,
+                    Err(TryRecvError::Empty) => {
+                        // Nothing ready: a batch worth a message goes now, so that the
+                        // receiver works while the producers do.
+                        if out.batch.len() >= IDLE_FLUSH {
+                            if let Err(e) = out.flush(stream) {
+                                sent = Err(e);
+                                break 'files;
+                            }
+                        }
+                        match rx.recv() {
+                            Ok(p) => p,
+                            Err(_) => break 'files,
+                        }
+                    }
+                    Err(TryRecvError::Disconnected) => break 'files,
                 };
                 let (r, end) = match p {
                     Payload::File {
@@ -335,11 +362,14 @@ pub fn send<S: Read + Write>(
                         } else {
                             (PIECE_BYTES, PIECE_BYTES)
                         };
-                        (out.pieces(stream, index, &body, kind, last), true)
+                        let r = out.pieces(stream, index, &body, kind, last);
+                        ahead.give(size);
+                        (r, true)
                     }
                     Payload::Piece { index, body, last } => {
                         done += body.len() as u64;
                         let r = out.pieces(stream, index, &body, PIECE_BYTES, PIECE_BYTES);
+                        ahead.give(body.len() as u64);
                         (r, last)
                     }
                 };
@@ -354,6 +384,7 @@ pub fn send<S: Read + Write>(
                 }
             }
         }
+        ahead.close();
         drop(rxs);
         let mut produced = Produced::default();
         let mut failed = None;
@@ -418,10 +449,17 @@ struct Job<'a> {
     cache: Option<&'a SendCache>,
     /// Files above this are streamed in pieces.
     whole_max: u64,
+    ahead: &'a Ahead,
 }
 
 /// Threads reading and delta-encoding files for the channel, at most.
 const PRODUCERS: usize = 2;
+/// Bytes of files the producers may hold ahead of the channel (beyond the file it waits for).
+const AHEAD_BYTES: u64 = 256 << 20;
+/// A DATA batch at least this long is sent when no file is ready to join it.
+const IDLE_FLUSH: usize = 1 << 20;
+/// Files each producer may queue ahead of the channel.
+const AHEAD_FILES: usize = 64;
 
 impl Produced {
     fn add(&mut self, o: &Produced) {
@@ -444,12 +482,13 @@ struct Produced {
     delta_bytes: u64,
 }
 
-/// Reads the files `need` in order, checks them against the manifest, delta-encodes those
-/// with a base in the cache, queues them for the channel, and then for the cache (`keep`). Stops
-/// early (returning its counters) when the channel side hangs up.
+/// Reads the files `need` (position in sending order, manifest index) in order, checks them
+/// against the manifest, delta-encodes those with a base in the cache, queues them for the
+/// channel, and then for the cache (`keep`). Stops early (returning its counters) when the
+/// channel side hangs up.
 fn produce(
     job: &Job<'_>,
-    need: &[usize],
+    need: &[(usize, usize)],
     keep: Option<std::sync::mpsc::SyncSender<Kept>>,
     tx: std::sync::mpsc::SyncSender<Payload>,
 ) -> Result<Produced> {
@@ -459,10 +498,11 @@ fn produce(
         bases,
         cache,
         whole_max,
+        ahead,
     } = *job;
     let codec = Sampled::default();
     let mut p = Produced::default();
-    for &i in need {
+    for &(k, i) in need {
         let e = &manifest.entries[i];
         let Kind::File { size, hash } = e.kind else {
             unreachable!("checked in parse_plan")
@@ -477,7 +517,11 @@ fn produce(
             let mut h = blake3::Hasher::new();
             let mut left = size;
             while left > 0 {
-                let mut body = vec![0; left.min(MAX_PIECE as u64) as usize];
+                let n = left.min(MAX_PIECE as u64);
+                if !ahead.take(k, n) {
+                    return Ok(p);
+                }
+                let mut body = vec![0; n as usize];
                 read_full(&mut f, &path, &mut body)?;
                 h.update(&body);
                 left -= body.len() as u64;
@@ -499,11 +543,20 @@ fn produce(
             }
             continue;
         }
+        if !ahead.take(k, size) {
+            return Ok(p);
+        }
         let mut data = vec![0; size as usize];
         read_full(&mut f, &path, &mut data)?;
         p.bytes_read += size;
         if *blake3::hash(&data).as_bytes() != hash {
             return Err(changed_while_sent(&path));
+        }
+        let data = Arc::new(data);
+        // Into the cache while the delta is encoded, not after: a big file's compression
+        // would otherwise be left over when the receiver is done.
+        if let Some(k) = &keep {
+            let _ = k.send((hash, data.clone()));
         }
         let base = match (cache, bases.get(&i)) {
             (Some(c), Some(prefix)) => c.base(prefix),
@@ -521,12 +574,7 @@ fn produce(
             }
         }
         let as_delta = !delta.is_empty();
-        let data = Arc::new(data);
-        let body = if as_delta {
-            Arc::new(delta)
-        } else {
-            data.clone()
-        };
+        let body = if as_delta { Arc::new(delta) } else { data };
         if tx
             .send(Payload::File {
                 index: i,
@@ -537,9 +585,6 @@ fn produce(
             .is_err()
         {
             return Ok(p);
-        }
-        if let Some(k) = &keep {
-            let _ = k.send((hash, data));
         }
     }
     Ok(p)
