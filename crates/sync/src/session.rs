@@ -8,7 +8,8 @@
 //!    contents it needs (those it finds nowhere in its current tree), in order, and the hash
 //!    prefix of its old version of each, where it has one at the same path.
 //! 3. The sender sends those contents as DATA messages (pieces of files in order, small files
-//!    batched together, big ones split, about `batch_bytes` per message), a file as a delta
+//!    batched together, big ones split, about `batch_bytes` per message, or 1 MiB and more
+//!    as soon as no file is ready to join it), a file as a delta
 //!    against its old version when the cache holds that version; the receiver writes them
 //!    into staging and checks each file's BLAKE3 against the manifest.
 //! 4. The sender sends COMMIT; the receiver swaps the new version in and answers DONE.
