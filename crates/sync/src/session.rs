@@ -17,7 +17,10 @@
 //! Either end may send ERROR (text) instead of its next message and stop. Every message
 //! travels through the dedup channel, so contents the receiver's chunk store holds (from
 //! earlier versions, or from a send that was cut off) cost only their chunk ids: this is what
-//! makes an interrupted send resume cheaply, as the store is synced after every session.
+//! makes an interrupted send resume cheaply, as the store is synced after every session. The
+//! exception is a DATA message of deltas only: their bytes are new to the receiver, so they
+//! travel compressed without the chunk exchange and neither end keeps them (a cut-off send
+//! encodes and sends those deltas again).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::OpenOptions;
@@ -277,6 +280,7 @@ pub fn send<S: Read + Write>(
     let mut out = Batcher {
         batch: vec![DATA],
         limit: opts.batch_bytes,
+        contents: false,
     };
     let mut done = 0u64;
     progress(0, bytes_needed);
@@ -622,6 +626,9 @@ fn read_full(f: &mut std::fs::File, path: &Path, buf: &mut [u8]) -> Result<()> {
 struct Batcher {
     batch: Vec<u8>,
     limit: usize,
+    /// Whether the batch holds file contents, not only deltas. A batch of deltas skips the
+    /// channel's dedup: their bytes are new to the receiver by construction.
+    contents: bool,
 }
 
 impl Batcher {
@@ -646,6 +653,7 @@ impl Batcher {
             let n = bytes.len().min(MAX_PIECE).min(self.room());
             let (head, rest) = bytes.split_at(n);
             self.batch.push(if rest.is_empty() { last } else { kind });
+            self.contents |= kind == PIECE_BYTES;
             put_u32(&mut self.batch, index);
             put_u32(&mut self.batch, n);
             self.batch.extend_from_slice(head);
@@ -661,8 +669,15 @@ impl Batcher {
 
     fn flush<S: Read + Write>(&mut self, stream: &mut DedupStream<S>) -> Result<()> {
         if self.batch.len() > 1 {
-            send_msg(stream, &self.batch)?;
+            if self.contents {
+                send_msg(stream, &self.batch)?;
+            } else {
+                stream
+                    .send_new(&self.batch)
+                    .map_err(|e| explain(stream, e))?;
+            }
             self.batch.truncate(1);
+            self.contents = false;
         }
         Ok(())
     }

@@ -180,6 +180,33 @@ fn a_small_message_skips_the_round_trips_and_is_still_kept() {
 }
 
 #[test]
+fn new_bytes_skip_the_round_trips_and_are_not_kept() {
+    let store = Arc::new(MemoryStore::new());
+    let big = structured(3 << 20, 8);
+    let expect = big.clone();
+    let (got, stats) = pair(
+        dedup_config(),
+        dedup_config(),
+        store.clone(),
+        |mut s| s.recv().unwrap(),
+        move |mut c| {
+            c.send_new(&big).unwrap();
+            let stats = c.stats();
+            c.close().unwrap();
+            stats
+        },
+    );
+    assert!(got == expect, "the message arrived changed");
+    assert_eq!(stats.round_trips, 0, "{stats:?}");
+    assert!(stats.segments_plain > 1, "{stats:?}");
+    assert!(
+        stats.socket_bytes_sent < expect.len() as u64 / 2,
+        "not compressed: {stats:?}"
+    );
+    assert!(store.is_empty(), "the receiver kept new bytes");
+}
+
+#[test]
 fn a_similar_second_message_moves_far_fewer_bytes() {
     let n = 10 << 20;
     let first = random(n, 10);

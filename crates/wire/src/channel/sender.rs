@@ -101,6 +101,8 @@ pub(crate) struct Sender {
     plain_compressor: Compressor,
     codec: Sampled,
     pub(crate) adaptive: Adaptive,
+    /// The message being sent is new to the peer: plain, kept by neither end.
+    pub(crate) new_bytes: bool,
 }
 
 impl Sender {
@@ -124,6 +126,7 @@ impl Sender {
             successor: HashMap::new(),
             ratio: 0.5,
             codec: Sampled::default(),
+            new_bytes: false,
         }
     }
 
@@ -164,7 +167,7 @@ impl Sender {
         let mut learning = Duration::ZERO;
         let data = &data[..data.len().min(self.cfg.segment_size)];
         let small = last && !self.open && data.len() < SMALL_MESSAGE;
-        let way = if small {
+        let way = if small || self.new_bytes {
             Way::Plain
         } else {
             self.adaptive.choose()
@@ -199,7 +202,9 @@ impl Sender {
                     stats.plain_level = Some(level);
                 }
                 let body = self.plain_compressor.compress(&bytes);
-                let keep = if small {
+                let keep = if self.new_bytes {
+                    false
+                } else if small {
                     self.cfg.mode != Mode::Plain
                 } else {
                     self.adaptive.link_bound()
@@ -256,7 +261,7 @@ impl Sender {
                 writes: link.write_time - writes0,
                 wire: link.bytes_written() - wire0,
                 awaiting,
-                sampled: !small,
+                sampled: !small && !self.new_bytes,
             },
         );
         Ok(take)

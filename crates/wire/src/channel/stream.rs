@@ -187,6 +187,16 @@ impl<S: Read + Write> DedupStream<S> {
         Ok(())
     }
 
+    /// Sends `msg` as one message of bytes the peer cannot hold (a delta, fresh data):
+    /// compressed, without asking which of its chunks the peer holds (no round trips) and
+    /// without either end keeping them. Returns once the peer has rebuilt and verified it.
+    pub fn send_new(&mut self, msg: &[u8]) -> Result<()> {
+        self.sender.new_bytes = true;
+        let r = self.send(msg);
+        self.sender.new_bytes = false;
+        r
+    }
+
     /// The next message from the peer, verified end to end. A peer that closed between
     /// messages is [`Error::PeerClosed`] with `mid_frame: false`.
     pub fn recv(&mut self) -> Result<Vec<u8>> {
