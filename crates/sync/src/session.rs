@@ -488,9 +488,9 @@ struct Produced {
 }
 
 /// Reads the files `need` (position in sending order, manifest index) in order, checks them
-/// against the manifest, delta-encodes those with a base in the cache, queues them for the
-/// channel, and then for the cache (`keep`). Stops early (returning its counters) when the
-/// channel side hangs up.
+/// against the manifest, queues them for the cache (`keep`), delta-encodes those with a base
+/// in the cache and queues them for the channel. Stops early (returning its counters) when
+/// the channel side hangs up.
 fn produce(
     job: &Job<'_>,
     need: &[(usize, usize)],

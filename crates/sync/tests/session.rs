@@ -168,7 +168,7 @@ fn send_cached(
     Result<dedupwire_sync::SendReport, Error>,
     Result<ServeReport, Error>,
 ) {
-    let m = manifest::scan(src, &mut |_| {}).unwrap().manifest;
+    let m = tree_of(src);
     let cache = SendCache::open(cache_dir, "peer:1:t", DEFAULT_MAX_BYTES).unwrap();
     let (sent, served) = session_with(root, src, b"t", &m, Some(&cache), opts);
     if sent.is_ok() {
