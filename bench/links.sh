@@ -23,8 +23,8 @@
 #   dedupwire-*   the channel (`dedupwire-bench channel-send/-recv`), the tar as one message
 #                 on a new connection per release, plain frames (no encryption), per mode in
 #                 MODES (default: adaptive dedup); the receiver's chunk Environment holds every
-#                 release it received before; the receiver writes the message out and extracts
-#                 it (in the timed span, after receiving: not streamed)
+#                 release it received before; tar streams through the channel's io::Write on
+#                 the sender and io::Read on the receiver, into tar -x, as through nc
 #   dedupwire send  `dedupwire send SRC HOST:PORT:tree` onto `dedupwire serve`, release i-1's
 #                 tree already there (sent before the measurement, which also fills the
 #                 sender's cache of what it sent), encrypted with a fresh key
@@ -189,8 +189,8 @@ run() {
     record "$mbit" "$wl" "$rel" "rsync -z" $(($(wire) - b0)) "$t0" "$(now)" "$size"
     # the dedup channel, each mode with its own environment
     for m in $MODES; do
-      rm -rf "$r/x" "$r/msg"; mkdir -p "$r/x" "$r/msg"
-      in_rcv sh -c "'$bench' channel-recv --listen $RCV:$port --env '$r/env/$m' --mode $m --ready '$r/ready' --out '$r/msg' && tar -xf '$r/msg/msg-0' -C '$r/x'" &
+      rm -rf "$r/x"; mkdir -p "$r/x"
+      in_rcv sh -c "'$bench' channel-recv --listen $RCV:$port --env '$r/env/$m' --mode $m --ready '$r/ready' --stream | tar -xf - -C '$r/x'" &
       p=$!
       until [ -e "$r/ready" ]; do sleep 0.05; done; rm -f "$r/ready"
       b0=$(wire); t0=$(now)

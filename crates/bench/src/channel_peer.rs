@@ -4,12 +4,13 @@
 //! `channel-recv` listens, accepts `--connections` connections one after the other and
 //! receives every message on each, keeping chunks in a persistent [`Environment`] (`--env`),
 //! so a series sent in several runs dedups against everything received before, as a real
-//! receiver that already holds the previous release does. `channel-send` connects and sends
-//! each input as one message (`-` is standard input, read to its end first), then writes its
-//! socket counts and channel statistics as JSON. Both ends use plain frames (no encryption):
+//! receiver that already holds the previous release does; with `--stream` it writes what
+//! arrives to standard output as it arrives. `channel-send` connects and sends each input as
+//! one message (`-` is standard input, streamed through `io::Write` as it is read), then
+//! writes its socket counts and channel statistics as JSON. Both ends use plain frames (no encryption):
 //! the benchmark is about bytes and link time, and encryption costs about 1 CPU-second per GB.
 
-use std::io::Read;
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -38,8 +39,11 @@ pub struct RecvArgs {
     #[arg(long, default_value_t = 1)]
     connections: usize,
     /// Write each received message to DIR/msg-<n> (default: verify it and drop it).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "stream")]
     out: Option<PathBuf>,
+    /// Write what arrives to standard output as it arrives (`io::Read`), messages back to back.
+    #[arg(long)]
+    stream: bool,
     /// Create this file once listening (for scripts waiting for the port).
     #[arg(long)]
     ready: Option<PathBuf>,
@@ -93,6 +97,10 @@ pub fn recv(args: &RecvArgs) -> Result<()> {
         s.set_nodelay(true)?;
         let store: Arc<dyn ChunkStore> = env.clone();
         let mut ch = DedupStream::new(s, store, config.clone(), Role::Accept)?;
+        if args.stream {
+            std::io::copy(&mut ch, &mut std::io::stdout().lock())?;
+            continue;
+        }
         loop {
             match ch.recv() {
                 Ok(m) => {
@@ -120,18 +128,18 @@ pub fn send(args: &SendArgs) -> Result<()> {
     let mut ch = DedupStream::new(s, Arc::new(MemoryStore::new()), config, Role::Connect)?;
     let mut messages = Vec::new();
     for p in &args.inputs {
-        let data = if p.as_os_str() == "-" {
-            let mut d = Vec::new();
-            std::io::stdin().read_to_end(&mut d)?;
-            d
-        } else {
-            std::fs::read(p).with_context(|| p.display().to_string())?
-        };
         let t = Instant::now();
-        ch.send(&data)?;
-        messages.push(
-            json!({"input": p, "bytes": data.len(), "send_seconds": t.elapsed().as_secs_f64()}),
-        );
+        let bytes = if p.as_os_str() == "-" {
+            let n = std::io::copy(&mut std::io::stdin().lock(), &mut ch)?;
+            ch.flush()?;
+            n as usize
+        } else {
+            let data = std::fs::read(p).with_context(|| p.display().to_string())?;
+            ch.send(&data)?;
+            data.len()
+        };
+        messages
+            .push(json!({"input": p, "bytes": bytes, "send_seconds": t.elapsed().as_secs_f64()}));
     }
     let st = ch.stats();
     ch.close()?;

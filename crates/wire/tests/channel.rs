@@ -602,6 +602,44 @@ fn io_write_and_read_carry_messages() {
 }
 
 #[test]
+fn io_read_streams_a_message_before_it_ends() {
+    let mut config = small_segments(ChannelConfig::default());
+    config.mode = Mode::Plain;
+    let seg = config.segment_size;
+    let data = structured(3 * seg + 1000, 71);
+    let (expect, head_len) = (data.clone(), 3 * seg);
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let (got, _) = pair(
+        config.clone(),
+        config,
+        Arc::new(MemoryStore::new()),
+        move |mut s| {
+            let mut head = vec![0; head_len];
+            s.read_exact(&mut head).unwrap();
+            go.send(()).unwrap();
+            let e = s.recv().unwrap_err();
+            assert!(e.to_string().contains("io::Read"), "{e}");
+            let mut rest = Vec::new();
+            s.read_to_end(&mut rest).unwrap();
+            head.extend_from_slice(&rest);
+            head
+        },
+        move |mut c| {
+            c.write_all(&data[..head_len]).unwrap();
+            wait.recv_timeout(std::time::Duration::from_secs(20))
+                .expect("the reader got the head before the message ended");
+            c.write_all(&data[head_len..]).unwrap();
+            c.flush().unwrap();
+            c.close().unwrap();
+        },
+    );
+    assert_eq!(
+        got, expect,
+        "the head arrived while the message was still open"
+    );
+}
+
+#[test]
 fn channel_levels_can_be_set_from_engine_specs() {
     let mut c = ChannelConfig::with_levels(&[ChunkerSpec::Whole, ChunkerSpec::cdc(1024)]).unwrap();
     c.segment_size = 64 << 10;

@@ -12,7 +12,9 @@
 //! counts only while the sender has spent a good share of its time waiting for the other end
 //! and the receiver reports having been idle through it (otherwise the acknowledgements
 //! follow the sender's own pace, or the receiver's). Until both ways have a sample and the
-//! link's rate is known, segments alternate, dedup first; after that dedup is used unless
+//! link's rate is known, segments alternate, dedup first, and are samples an eighth of a
+//! segment long (so that on a fast link measuring dedup costs little, and on a slow one
+//! measuring plain; probes are samples too); after that dedup is used unless
 //! plain is [`PLAIN_MARGIN`] times faster, and the other way is probed every [`PROBE_EVERY`]
 //! segments, so a change in link speed or redundancy is noticed; the interval doubles (to
 //! [`PROBE_EVERY_MAX`]) while probes confirm the choice, except that dedup is probed every
@@ -145,6 +147,8 @@ pub(crate) struct Adaptive {
     ladder: Vec<i32>,
     /// The current level's place in `ladder`.
     rung: usize,
+    /// The way last chosen is a sample: the first segments, or a probe of the way not chosen.
+    sample: bool,
 }
 
 impl Adaptive {
@@ -170,6 +174,7 @@ impl Adaptive {
             receiver: 0.0,
             ladder,
             rung: 0,
+            sample: false,
         }
     }
 
@@ -240,7 +245,8 @@ impl Adaptive {
                     } else {
                         self.probe_every
                     };
-                    if self.since_probe >= every {
+                    self.sample = self.since_probe >= every;
+                    if self.sample {
                         self.since_probe = 0;
                         self.probe_every = (self.probe_every * 2).min(PROBE_EVERY_MAX);
                         other
@@ -248,10 +254,22 @@ impl Adaptive {
                         best
                     }
                 }
-                _ if self.segments % 2 == 1 => Way::Dedup,
-                _ => Way::Plain,
+                _ => {
+                    self.sample = true;
+                    if self.segments % 2 == 1 {
+                        Way::Dedup
+                    } else {
+                        Way::Plain
+                    }
+                }
             },
         }
+    }
+
+    /// Whether the way last chosen samples the channel (while both ways and the link are
+    /// measured, or a probe): such a segment is short, so sampling the slower way costs little.
+    pub(crate) fn sampling(&self) -> bool {
+        self.sample
     }
 
     /// The sender spent `total` inside `send`, `down` of it waiting for the other end.
@@ -398,6 +416,33 @@ mod tests {
             Adaptive::new(Mode::Plain, Compression::Zstd(3)).choose(),
             Way::Plain
         );
+    }
+
+    #[test]
+    fn the_first_segments_and_probes_are_samples() {
+        let mut a = Adaptive::new(Mode::Adaptive, Compression::Zstd(3));
+        for _ in 0..4 {
+            a.choose();
+            assert!(a.sampling(), "measuring both ways");
+        }
+        for _ in 0..3 {
+            a.account(ms(100), ms(1));
+            a.observe(Way::Dedup, cost(1_000, ms(100), 100, 2), 4, Duration::ZERO);
+            a.observe(Way::Plain, cost(1_000, ms(1), 500, 0), 4, Duration::ZERO);
+        }
+        let picks: Vec<(Way, bool)> = (0..PROBE_EVERY)
+            .map(|_| (a.choose(), a.sampling()))
+            .collect();
+        assert!(
+            picks
+                .iter()
+                .all(|&(way, sample)| sample == (way == Way::Dedup)),
+            "only probes of the way not chosen are samples: {picks:?}"
+        );
+        assert!(picks.iter().any(|&(_, sample)| sample), "{picks:?}");
+        let mut fixed = Adaptive::new(Mode::Dedup, Compression::Zstd(3));
+        fixed.choose();
+        assert!(!fixed.sampling(), "a fixed mode never samples");
     }
 
     #[test]

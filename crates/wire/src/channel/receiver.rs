@@ -28,16 +28,58 @@ struct InPiece {
     id: ChunkId,
 }
 
-#[derive(Debug, Default)]
+/// A message arriving. Each segment is rebuilt in its own buffer; once it and every segment
+/// before it are complete, its bytes are hashed and wait in `ready`, so a reader can take a
+/// long message as it arrives instead of holding all of it.
+#[derive(Debug)]
 struct InMsg {
-    buf: Vec<u8>,
+    len: u64,
     open: usize,
     last: Option<(u64, MessageEnd)>,
+    finished: BTreeMap<u64, Vec<u8>>,
+    next_out: u64,
+    ready: VecDeque<Vec<u8>>,
+    streamed: bool,
+    hasher: blake3::Hasher,
+}
+
+impl InMsg {
+    fn new(first_seg: u64) -> InMsg {
+        InMsg {
+            len: 0,
+            open: 0,
+            last: None,
+            finished: BTreeMap::new(),
+            next_out: first_seg,
+            ready: VecDeque::new(),
+            streamed: false,
+            hasher: blake3::Hasher::new(),
+        }
+    }
+
+    /// Takes segment `seg`'s bytes, complete, and moves every segment now in order to `ready`.
+    fn finish(&mut self, seg: u64, bytes: Vec<u8>) {
+        self.finished.insert(seg, bytes);
+        while let Some(b) = self.finished.remove(&self.next_out) {
+            self.hasher.update(&b);
+            self.ready.push_back(b);
+            self.next_out += 1;
+        }
+    }
+}
+
+/// What a completed message leaves for the reader.
+#[derive(Debug)]
+pub(crate) enum Arrived {
+    /// A whole message, verified.
+    Message(Vec<u8>),
+    /// The rest of a message whose first bytes were taken with [`Receiver::take_ready`].
+    Rest(Vec<u8>),
 }
 
 #[derive(Debug)]
 struct InSeg {
-    base: usize,
+    buf: Vec<u8>,
     levels: Vec<Vec<InPiece>>,
     missing: Vec<u32>,
     data_pos: usize,
@@ -61,7 +103,7 @@ pub(crate) struct Receiver {
     next_seg: u64,
     msg: Option<InMsg>,
     segs: BTreeMap<u64, InSeg>,
-    pub(crate) done: VecDeque<Vec<u8>>,
+    pub(crate) done: VecDeque<Arrived>,
     /// Time spent on the peer's segments since the last ACK (reported in the next one).
     pub(crate) busy: Duration,
     codec: Sampled,
@@ -90,8 +132,9 @@ impl Receiver {
         self.msg.is_some()
     }
 
-    /// Starts segment `seg` of `len` bytes: its place in the message buffer.
-    fn open_segment(&mut self, seg: u64, len: u64, end: Option<MessageEnd>) -> Result<usize> {
+    /// Starts segment `seg` of `len` bytes: checks its place in the message and returns its
+    /// buffer.
+    fn open_segment(&mut self, seg: u64, len: u64, end: Option<MessageEnd>) -> Result<Vec<u8>> {
         if seg != self.next_seg {
             return Err(protocol(format!(
                 "segment {seg} arrived where segment {} was due",
@@ -105,14 +148,13 @@ impl Receiver {
             )));
         }
         self.next_seg += 1;
-        let msg = self.msg.get_or_insert_with(InMsg::default);
+        let msg = self.msg.get_or_insert_with(|| InMsg::new(seg));
         if let Some((last, _)) = msg.last {
             return Err(protocol(format!(
                 "segment {seg} follows segment {last}, which ended the message"
             )));
         }
-        let base = msg.buf.len();
-        let new_len = base as u64 + len;
+        let new_len = msg.len + len;
         if new_len > self.cfg.max_message {
             return Err(protocol(format!(
                 "the message grows past this end's limit of {} bytes",
@@ -129,9 +171,24 @@ impl Receiver {
             }
             msg.last = Some((seg, e));
         }
-        msg.buf.resize(new_len as usize, 0);
+        msg.len = new_len;
         msg.open += 1;
-        Ok(base)
+        Ok(vec![0; len as usize])
+    }
+
+    /// The next bytes of the message under way that are complete, in order, ahead of the
+    /// rest, for reading a message as a stream; the message's hash is checked when it ends,
+    /// and a mismatch is then an error where the reader reaches it.
+    pub(crate) fn take_ready(&mut self) -> Option<Vec<u8>> {
+        let msg = self.msg.as_mut()?;
+        let part = msg.ready.pop_front()?;
+        msg.streamed = true;
+        Some(part)
+    }
+
+    /// Whether the message under way was partly taken with [`Self::take_ready`].
+    pub(crate) fn streaming(&self) -> bool {
+        self.msg.as_ref().is_some_and(|m| m.streamed)
     }
 
     /// A request: open or refine the segment, answer what the store holds, fetch those chunks.
@@ -154,7 +211,7 @@ impl Receiver {
         let pieces: Vec<InPiece>;
         if level == 0 {
             let total: u64 = chunks.iter().map(|c| u64::from(c.0)).sum();
-            let base = self.open_segment(seg, total, end)?;
+            let buf = self.open_segment(seg, total, end)?;
             let mut off = 0;
             pieces = chunks
                 .iter()
@@ -171,7 +228,7 @@ impl Receiver {
             self.segs.insert(
                 seg,
                 InSeg {
-                    base,
+                    buf,
                     levels: Vec::new(),
                     missing: Vec::new(),
                     data_pos: 0,
@@ -241,7 +298,6 @@ impl Receiver {
             bits: bits.clone(),
         })?;
         let s = self.segs.get_mut(&seg).expect("opened above");
-        let msg = self.msg.as_mut().expect("opened with the segment");
         s.missing = (0..pieces.len() as u32)
             .filter(|&i| !bits[i as usize])
             .collect();
@@ -253,7 +309,7 @@ impl Receiver {
             }
             match self.store.get(&p.id)? {
                 Some(b) if b.len() == p.len => {
-                    msg.buf[s.base + p.off..s.base + p.off + p.len].copy_from_slice(&b);
+                    s.buf[p.off..p.off + p.len].copy_from_slice(&b);
                     s.pending -= 1;
                 }
                 _ => wants.push((level, i as u32)),
@@ -288,7 +344,6 @@ impl Receiver {
     /// Checks `bytes` against piece `(level, index)` of `seg`, places them and keeps them.
     fn fill(&mut self, seg: u64, level: u8, index: u32, bytes: &[u8]) -> Result<()> {
         let s = self.segs.get_mut(&seg).expect("caller checked");
-        let msg = self.msg.as_mut().expect("a segment belongs to a message");
         let p = s.levels[level as usize][index as usize];
         if bytes.len() != p.len {
             return Err(protocol(format!(
@@ -304,7 +359,7 @@ impl Receiver {
                 p.id
             )));
         }
-        msg.buf[s.base + p.off..s.base + p.off + p.len].copy_from_slice(bytes);
+        s.buf[p.off..p.off + p.len].copy_from_slice(bytes);
         s.pending -= 1;
         self.store.put(&p.id, bytes)?;
         Ok(())
@@ -393,13 +448,12 @@ impl Receiver {
             )));
         }
         let data = Self::decompress(packed, "PLAIN segment")?;
-        let base = self.open_segment(seg, data.len() as u64, end)?;
-        let msg = self.msg.as_mut().expect("opened");
-        msg.buf[base..base + data.len()].copy_from_slice(&data);
+        self.open_segment(seg, data.len() as u64, end)?;
+        let kept = keep.then(|| data.clone());
         self.segs.insert(
             seg,
             InSeg {
-                base,
+                buf: data,
                 levels: Vec::new(),
                 missing: Vec::new(),
                 data_pos: 0,
@@ -409,7 +463,7 @@ impl Receiver {
             },
         );
         self.check_complete(link, stats, seg)?;
-        if keep {
+        if let Some(data) = kept {
             self.keep_chunks(&data)?;
         }
         Ok(())
@@ -459,10 +513,9 @@ impl Receiver {
             return Ok(());
         }
         let s = self.segs.remove(&seg).expect("checked");
-        let msg = self.msg.as_mut().expect("a segment belongs to a message");
         for &(level, index) in &s.refined {
             let p = s.levels[level as usize][index as usize];
-            let bytes = &msg.buf[s.base + p.off..s.base + p.off + p.len];
+            let bytes = &s.buf[p.off..p.off + p.len];
             if self.cfg.identifier.identify(bytes) != p.id {
                 return Err(Error::Integrity(format!(
                     "chunk {index} of level {level} of segment {seg} does not match its id {:?} \
@@ -472,6 +525,8 @@ impl Receiver {
             }
             self.store.put(&p.id, bytes)?;
         }
+        let msg = self.msg.as_mut().expect("a segment belongs to a message");
+        msg.finish(seg, s.buf);
         msg.open -= 1;
         let last = msg.last.map(|(l, _)| l);
         if last != Some(seg) {
@@ -480,17 +535,28 @@ impl Receiver {
         }
         if let (Some((last, end)), 0) = (msg.last, msg.open) {
             let msg = self.msg.take().expect("checked");
-            if blake3::hash(&msg.buf).as_bytes() != &end.hash {
+            if msg.hasher.finalize().as_bytes() != &end.hash {
                 return Err(Error::Integrity(format!(
                     "the reconstructed message ({} bytes) does not match its hash",
-                    msg.buf.len()
+                    msg.len
                 )));
             }
             let busy_us = Self::take_busy(&mut self.busy);
             link.send(&Message::Ack { seg: last, busy_us })?;
             stats.messages_received += 1;
-            stats.message_bytes_received += msg.buf.len() as u64;
-            self.done.push_back(msg.buf);
+            stats.message_bytes_received += msg.len;
+            let rest: usize = msg.ready.iter().map(Vec::len).sum();
+            let mut parts = msg.ready.into_iter();
+            let mut bytes = parts.next().unwrap_or_default();
+            bytes.reserve_exact(rest - bytes.len());
+            for p in parts {
+                bytes.extend_from_slice(&p);
+            }
+            self.done.push_back(if msg.streamed {
+                Arrived::Rest(bytes)
+            } else {
+                Arrived::Message(bytes)
+            });
         }
         Ok(())
     }

@@ -48,6 +48,12 @@ const PER_FEATURE: usize = 4;
 /// per level to save at most this many bytes (a small control message on a 40 ms link would
 /// wait 120 ms to save under 4 KiB).
 pub(crate) const SMALL_MESSAGE: usize = 4096;
+/// Segments that sample a way (the adaptive mode's first segments, while it measures both
+/// ways and the link, and its probes of the way not chosen) carry this share of a segment:
+/// sampling the slower way then costs an eighth of a segment sent the slow way.
+const SAMPLE_SHARE: usize = 8;
+/// ...but no less than this many bytes, so a sample still spans several chunks.
+const SAMPLE_MIN: usize = 64 << 10;
 
 #[derive(Debug, Clone, Copy)]
 struct Piece {
@@ -153,8 +159,10 @@ impl Sender {
         self.open
     }
 
-    /// Sends the next segment from the start of `data` (at most a segment's worth); returns
-    /// the bytes it took. Unless `last`, a content-defined tail is left for the next segment.
+    /// Sends the next segment from the start of `data` (at most a segment's worth, less for a
+    /// sample of a way); returns the bytes it took. `last` says `data` ends the message: the
+    /// segment that takes all of it ends the message. Otherwise a content-defined tail is
+    /// left for the next segment.
     pub(crate) fn emit<S: Read + Write>(
         &mut self,
         link: &mut Link<S>,
@@ -165,13 +173,19 @@ impl Sender {
         let started = Instant::now();
         let (writes0, wire0) = (link.write_time, link.bytes_written());
         let mut learning = Duration::ZERO;
-        let data = &data[..data.len().min(self.cfg.segment_size)];
         let small = last && !self.open && data.len() < SMALL_MESSAGE;
         let way = if small || self.new_bytes {
             Way::Plain
         } else {
             self.adaptive.choose()
         };
+        let cap = if self.adaptive.sampling() {
+            (self.cfg.segment_size / SAMPLE_SHARE).max(SAMPLE_MIN)
+        } else {
+            self.cfg.segment_size
+        };
+        let last = last && data.len() <= cap;
+        let data = &data[..data.len().min(cap)];
         let mut lens = Vec::new();
         let mut take = data.len();
         if way == Way::Dedup {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use super::config::ChannelConfig;
 use super::link::Link;
 use super::protocol::{Limits, Message, PROTOCOL, VERSION};
-use super::receiver::{Packed, Receiver};
+use super::receiver::{Arrived, Packed, Receiver};
 use super::sender::Sender;
 use super::stats::ChannelStats;
 use super::transport::{Security, Transport, HANDSHAKE_TIMEOUT};
@@ -38,7 +38,8 @@ pub enum Role {
 ///
 /// `send` returns once the peer has rebuilt the message and checked it against its hash;
 /// `recv` returns the next message, verified. `Write` gathers bytes into one message, sent in
-/// segments as they fill and ended by `flush`; `Read` reads received messages back to back.
+/// segments as they fill and ended by `flush`; `Read` reads received messages back to back,
+/// each as it arrives.
 pub struct DedupStream<S: Read + Write> {
     link: Link<S>,
     sender: Sender,
@@ -202,7 +203,14 @@ impl<S: Read + Write> DedupStream<S> {
     pub fn recv(&mut self) -> Result<Vec<u8>> {
         let t = Instant::now();
         let r = (|| loop {
-            if let Some(m) = self.receiver.done.pop_front() {
+            if matches!(self.receiver.done.front(), Some(Arrived::Rest(_)))
+                || (self.receiver.done.is_empty() && self.receiver.streaming())
+            {
+                return Err(Error::Protocol(
+                    "the message under way was partly read through io::Read: read it there".into(),
+                ));
+            }
+            if let Some(Arrived::Message(m)) = self.receiver.done.pop_front() {
                 return Ok(m);
             }
             self.pump()?;
@@ -231,13 +239,12 @@ impl<S: Read + Write> DedupStream<S> {
             while self.sender.needs_room() {
                 self.pump()?;
             }
-            let final_seg = last && rest.len() <= seg;
             pos += self
                 .sender
-                .emit(&mut self.link, &mut self.stats, rest, final_seg)
+                .emit(&mut self.link, &mut self.stats, rest, last)
                 .map_err(|e| self.broke(e))?;
             self.account(spent);
-            if final_seg {
+            if last && pos == data.len() {
                 return Ok(pos);
             }
         }
@@ -435,14 +442,26 @@ impl<S: Read + Write> Write for DedupStream<S> {
 }
 
 impl<S: Read + Write> Read for DedupStream<S> {
-    /// Reads received messages back to back; end of stream when the peer has closed.
+    /// Reads received messages back to back, each segment as soon as it and those before it
+    /// are rebuilt (every chunk checked against its id), so a long message streams; a message
+    /// that does not match its hash at its end is an error there. End of stream when the peer
+    /// has closed between messages.
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         while self.rpos == self.rbuf.len() {
-            match self.recv() {
-                Ok(m) => {
-                    self.rbuf = m;
-                    self.rpos = 0;
-                }
+            let next = match self.receiver.done.pop_front() {
+                Some(Arrived::Message(m) | Arrived::Rest(m)) => Some(m),
+                None => self.receiver.take_ready(),
+            };
+            if let Some(m) = next {
+                self.rbuf = m;
+                self.rpos = 0;
+                continue;
+            }
+            let t = Instant::now();
+            let r = self.pump();
+            self.stats.recv_time += t.elapsed();
+            match r {
+                Ok(()) => {}
                 Err(Error::PeerClosed {
                     mid_frame: false, ..
                 }) => return Ok(0),
