@@ -10,7 +10,8 @@
 //! 3. The sender sends those contents as DATA messages (pieces of files in order, small files
 //!    batched together, big ones split, about `batch_bytes` per message, or 1 MiB and more
 //!    as soon as no file is ready to join it), a file as a delta
-//!    against its old version when the cache holds that version; the receiver writes them
+//!    against its old version when the cache holds that version (zstd with the base as a
+//!    reference prefix for big binaries, our codec otherwise); the receiver writes them
 //!    into staging and checks each file's BLAKE3 against the manifest.
 //! 4. The sender sends COMMIT; the receiver swaps the new version in and answers DONE.
 //!
@@ -31,7 +32,8 @@ use std::sync::mpsc::TryRecvError;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dedupwire_engine::delta::{DeltaCodec, Sampled};
+use dedupwire_engine::delta::zstd_ref::LDM_FROM;
+use dedupwire_engine::delta::{DeltaCodec, Sampled, ZstdRef};
 
 use crate::ahead::Ahead;
 use dedupwire_wire::{ChannelStats, ChunkStore, DedupStream};
@@ -43,7 +45,7 @@ use crate::manifest::{Kind, Manifest};
 use crate::plan::{self, Change, Diff};
 
 /// The session protocol's version (in OFFER).
-pub const SESSION_VERSION: u8 = 2;
+pub const SESSION_VERSION: u8 = 3;
 const OFFER: u8 = b'O';
 const PLAN: u8 = b'P';
 const DATA: u8 = b'D';
@@ -57,10 +59,17 @@ const FORM_DELTA: u8 = 1;
 /// The largest manifest a delta may rebuild.
 const MANIFEST_MAX: usize = 1 << 30;
 const FLAG_DRY_RUN: u8 = 1;
-/// DATA piece kinds: a file's next bytes; a part of its delta with more to come; the last.
+/// DATA piece kinds: a file's next bytes; a part of its delta with more to come, and the
+/// last part; the same for a delta made with zstd against the base as a reference prefix.
 const PIECE_BYTES: u8 = b'B';
 const PIECE_DELTA: u8 = b'd';
 const PIECE_DELTA_END: u8 = b'e';
+const PIECE_ZDELTA: u8 = b'z';
+const PIECE_ZDELTA_END: u8 = b'Z';
+/// zstd's level for the deltas of big binaries (see [`Coder::for_file`]).
+const ZSTD_REF_LEVEL: i32 = 3;
+/// Bytes looked at to tell a binary: one holding a NUL byte there, as git tells them.
+const BINARY_SNIFF: usize = 8000;
 /// Bytes of a base's BLAKE3 that name it in PLAN.
 const BASE_PREFIX: usize = 8;
 /// A delta is sent only when its raw bytes are below this share of the file's.
@@ -69,6 +78,65 @@ const DELTA_WORTH: f64 = 0.9;
 const MAX_PIECE: usize = 8 << 20;
 /// A piece's kind, entry index and length.
 const PIECE_HEADER: usize = 9;
+
+/// How a file's delta against its base is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Coder {
+    /// Our copy/insert codec, whose output compresses further in its DATA batch.
+    Sampled,
+    /// zstd with the base as a reference prefix (already compressed).
+    ZstdRef,
+}
+
+impl Coder {
+    /// The coder for `data` against `base`: zstd for binaries big enough that it matches
+    /// over long distances (below that it misses most of a far base), ours otherwise. On a
+    /// rebuilt shared library zstd is about 2x faster than ours and 11% smaller than ours
+    /// compressed (`dedupwire-bench delta`, the binary pair); on text ours wins, since its
+    /// deltas compress further together in their batch.
+    fn for_file(base: &[u8], data: &[u8]) -> Coder {
+        let head = &data[..data.len().min(BINARY_SNIFF)];
+        if base.len() + data.len() > LDM_FROM && head.contains(&0) {
+            Coder::ZstdRef
+        } else {
+            Coder::Sampled
+        }
+    }
+
+    fn encode(self, base: &[u8], data: &[u8], out: &mut Vec<u8>) {
+        match self {
+            Coder::Sampled => Sampled::default().encode(base, data, out),
+            Coder::ZstdRef => ZstdRef::new(ZSTD_REF_LEVEL).encode(base, data, out),
+        }
+    }
+
+    fn decode(self, base: &[u8], delta: &[u8], limit: usize, out: &mut Vec<u8>) -> Result<()> {
+        let r = match self {
+            Coder::Sampled => Sampled::default().decode(base, delta, limit, out),
+            Coder::ZstdRef => ZstdRef::new(ZSTD_REF_LEVEL).decode(base, delta, limit, out),
+        };
+        r.map_err(|e| Error::Protocol(e.to_string()))
+    }
+
+    /// The piece kinds of its deltas: every part but the last, the last.
+    fn kinds(self) -> (u8, u8) {
+        match self {
+            Coder::Sampled => (PIECE_DELTA, PIECE_DELTA_END),
+            Coder::ZstdRef => (PIECE_ZDELTA, PIECE_ZDELTA_END),
+        }
+    }
+
+    /// The coder and whether it is the last part, for a delta piece kind.
+    fn of_kind(kind: u8) -> Option<(Coder, bool)> {
+        match kind {
+            PIECE_DELTA => Some((Coder::Sampled, false)),
+            PIECE_DELTA_END => Some((Coder::Sampled, true)),
+            PIECE_ZDELTA => Some((Coder::ZstdRef, false)),
+            PIECE_ZDELTA_END => Some((Coder::ZstdRef, true)),
+            _ => None,
+        }
+    }
+}
 
 /// How a send behaves.
 #[derive(Debug, Clone)]
@@ -362,11 +430,7 @@ pub fn send<S: Read + Write>(
                         delta,
                     } => {
                         done += size;
-                        let (kind, last) = if delta {
-                            (PIECE_DELTA, PIECE_DELTA_END)
-                        } else {
-                            (PIECE_BYTES, PIECE_BYTES)
-                        };
+                        let (kind, last) = delta.map_or((PIECE_BYTES, PIECE_BYTES), Coder::kinds);
                         let r = out.pieces(stream, index, &body, kind, last);
                         ahead.give(size);
                         (r, true)
@@ -435,7 +499,8 @@ enum Payload {
         index: usize,
         size: u64,
         body: Arc<Vec<u8>>,
-        delta: bool,
+        /// How its delta was made, when it travels as one.
+        delta: Option<Coder>,
     },
     Piece {
         index: usize,
@@ -505,7 +570,6 @@ fn produce(
         whole_max,
         ahead,
     } = *job;
-    let codec = Sampled::default();
     let mut p = Produced::default();
     for &(k, i) in need {
         let e = &manifest.entries[i];
@@ -568,24 +632,28 @@ fn produce(
             _ => None,
         };
         let mut delta = Vec::new();
+        let mut coder = None;
         if let Some(base) = base {
-            codec.encode(&base, &data, &mut delta);
-            if (delta.len() as f64) >= size as f64 * DELTA_WORTH {
-                delta = Vec::new();
-            } else {
+            let c = Coder::for_file(&base, &data);
+            c.encode(&base, &data, &mut delta);
+            if (delta.len() as f64) < size as f64 * DELTA_WORTH {
+                coder = Some(c);
                 p.files_delta += 1;
                 p.bytes_delta_files += size;
                 p.delta_bytes += delta.len() as u64;
             }
         }
-        let as_delta = !delta.is_empty();
-        let body = if as_delta { Arc::new(delta) } else { data };
+        let body = if coder.is_some() {
+            Arc::new(delta)
+        } else {
+            data
+        };
         if tx
             .send(Payload::File {
                 index: i,
                 size,
                 body,
-                delta: as_delta,
+                delta: coder,
             })
             .is_err()
         {
@@ -695,7 +763,7 @@ pub(crate) fn parse_data(m: &[u8]) -> Result<Vec<(u8, usize, &[u8])>> {
     let mut pieces = Vec::new();
     while !c.done() {
         let kind = c.take(1)?[0];
-        if ![PIECE_BYTES, PIECE_DELTA, PIECE_DELTA_END].contains(&kind) {
+        if kind != PIECE_BYTES && Coder::of_kind(kind).is_none() {
             return Err(Error::Protocol(format!("DATA piece kind {kind:#04x}")));
         }
         let i = c.u32()?;
@@ -908,15 +976,14 @@ fn serve_inner<S: Read + Write>(
     }
     put_u32(&mut plan, 0);
     stream.send(&plan)?;
-    let codec = Sampled::default();
-    let mut pending: Option<(usize, Vec<u8>)> = None;
+    let mut pending: Option<(usize, Coder, Vec<u8>)> = None;
     loop {
         let m = recv_msg(stream)?;
         match m.first() {
             Some(&DATA) => {
                 for (kind, i, bytes) in parse_data(&m)? {
                     if kind == PIECE_BYTES {
-                        if let Some((p, _)) = pending {
+                        if let Some((p, ..)) = pending {
                             return Err(Error::Protocol(format!(
                                 "contents for entry {i} while the delta of entry {p} is incomplete"
                             )));
@@ -924,16 +991,22 @@ fn serve_inner<S: Read + Write>(
                         staging.write(i, bytes)?;
                         continue;
                     }
+                    let (coder, end) = Coder::of_kind(kind).expect("parse_data checked the kind");
                     let Some(&j) = bases.get(&i) else {
                         return Err(Error::Protocol(format!(
                             "a delta for entry {i}, which has no base"
                         )));
                     };
                     let size = staging.manifest().entries[i].size();
-                    let (p, delta) = pending.get_or_insert_with(|| (i, Vec::new()));
+                    let (p, c, delta) = pending.get_or_insert_with(|| (i, coder, Vec::new()));
                     if *p != i {
                         return Err(Error::Protocol(format!(
                             "a delta for entry {i} while the delta of entry {p} is incomplete"
+                        )));
+                    }
+                    if *c != coder {
+                        return Err(Error::Protocol(format!(
+                            "the delta of entry {i} changes its form midway"
                         )));
                     }
                     if (delta.len() + bytes.len()) as u64 > size + 64 {
@@ -942,11 +1015,11 @@ fn serve_inner<S: Read + Write>(
                         )));
                     }
                     delta.extend_from_slice(bytes);
-                    if kind == PIECE_DELTA_END {
-                        let (_, delta) = pending.take().expect("set above");
+                    if end {
+                        let (_, _, delta) = pending.take().expect("set above");
                         let base = root.read_base(&name, &old.entries[j])?;
                         let mut file = Vec::with_capacity(size as usize);
-                        codec
+                        coder
                             .decode(&base, &delta, size as usize, &mut file)
                             .map_err(|e| Error::Protocol(format!("the delta of entry {i}: {e}")))?;
                         if file.len() as u64 != size {
@@ -962,7 +1035,7 @@ fn serve_inner<S: Read + Write>(
                 }
             }
             Some(&COMMIT) if m.len() == 1 => {
-                if let Some((p, _)) = pending {
+                if let Some((p, ..)) = pending {
                     return Err(Error::Protocol(format!(
                         "COMMIT while the delta of entry {p} is incomplete"
                     )));
@@ -1007,5 +1080,46 @@ pub mod fuzzing {
     /// Decodes a DATA message's pieces, as a receiver does; how many there are.
     pub fn data(bytes: &[u8]) -> Result<usize> {
         parse_data(bytes).map(|p| p.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn big_binaries_get_zstd_deltas_and_the_rest_ours() {
+        let half = LDM_FROM / 2 + 1;
+        let mut binary = vec![b'x'; half];
+        binary[100] = 0;
+        let text = vec![b'x'; half];
+        assert_eq!(Coder::for_file(&binary, &binary), Coder::ZstdRef);
+        assert_eq!(Coder::for_file(&text, &text), Coder::Sampled);
+        assert_eq!(
+            Coder::for_file(&binary[..1000], &binary[..1000]),
+            Coder::Sampled,
+            "too small for zstd to find a far base"
+        );
+        let mut late_nul = text.clone();
+        late_nul[BINARY_SNIFF] = 0;
+        assert_eq!(Coder::for_file(&late_nul, &late_nul), Coder::Sampled);
+    }
+
+    #[test]
+    fn each_coder_rebuilds_its_deltas_and_names_its_pieces() {
+        let base: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut file = base.clone();
+        file[1000..1010].copy_from_slice(b"0123456789");
+        for coder in [Coder::Sampled, Coder::ZstdRef] {
+            let mut delta = Vec::new();
+            coder.encode(&base, &file, &mut delta);
+            let mut out = Vec::new();
+            coder.decode(&base, &delta, file.len(), &mut out).unwrap();
+            assert_eq!(out, file, "{coder:?}");
+            let (part, last) = coder.kinds();
+            assert_eq!(Coder::of_kind(part), Some((coder, false)));
+            assert_eq!(Coder::of_kind(last), Some((coder, true)));
+        }
+        assert_eq!(Coder::of_kind(PIECE_BYTES), None);
     }
 }
