@@ -121,10 +121,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     }
 
     let ours = Sampled::default();
+    let z1 = ZstdRef::new(1);
     let z3 = ZstdRef::new(3);
     let z19 = ZstdRef::new(19);
-    let codecs: [(&str, &dyn DeltaCodec); 3] = [
+    let codecs: [(&str, &dyn DeltaCodec); 4] = [
         ("ours (sampled)", &ours),
+        ("zstd-ref -1", &z1),
         ("zstd-ref -3", &z3),
         ("zstd-ref -19", &z19),
     ];

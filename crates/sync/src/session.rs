@@ -66,8 +66,9 @@ const PIECE_DELTA: u8 = b'd';
 const PIECE_DELTA_END: u8 = b'e';
 const PIECE_ZDELTA: u8 = b'z';
 const PIECE_ZDELTA_END: u8 = b'Z';
-/// zstd's level for the deltas of big binaries (see [`Coder::for_file`]).
-const ZSTD_REF_LEVEL: i32 = 3;
+/// zstd's level for the deltas of big binaries (see [`Coder::for_file`]): on the binary
+/// pair of `dedupwire-bench delta`, level 1 is both faster and smaller than level 3.
+const ZSTD_REF_LEVEL: i32 = 1;
 /// Bytes looked at to tell a binary: one holding a NUL byte there, as git tells them.
 const BINARY_SNIFF: usize = 8000;
 /// Bytes of a base's BLAKE3 that name it in PLAN.
@@ -91,9 +92,9 @@ enum Coder {
 impl Coder {
     /// The coder for `data` against `base`: zstd for binaries big enough that it matches
     /// over long distances (below that it misses most of a far base), ours otherwise. On a
-    /// rebuilt shared library zstd is about 2x faster than ours and 11% smaller than ours
-    /// compressed (`dedupwire-bench delta`, the binary pair); on text ours wins, since its
-    /// deltas compress further together in their batch.
+    /// rebuilt shared library zstd is faster than ours and smaller than ours compressed
+    /// (`dedupwire-bench delta`, the binary pair); on text ours wins, since its deltas
+    /// compress further together in their batch.
     fn for_file(base: &[u8], data: &[u8]) -> Coder {
         let head = &data[..data.len().min(BINARY_SNIFF)];
         if base.len() + data.len() > LDM_FROM && head.contains(&0) {
