@@ -141,16 +141,18 @@ run() {
   local port=7000 r=$work/rcv
   rm -rf "$r"; mkdir -p "$r/rsync" "$r/env" "$r/root"
   # The receiver holds the first release: rsync's tree, each channel mode's environment
-  # (sent over dw-rcv's own loopback), and the dedupwire CLI's copy.
+  # (sent over dw-rcv's own loopback in dedup mode, so that every chunk of it is kept
+  # whatever the mode measured; an adaptive send over loopback would keep few), and the
+  # dedupwire CLI's copy.
   cp -a "${releases[0]}" "$r/rsync/tree"
   printf 'port = 8730\naddress = %s\nuid = 0\ngid = 0\nuse chroot = false\npid file = %s/rsyncd.pid\n[dst]\npath = %s/rsync\nread only = false\n' \
     "$RCV" "$r" "$r" > "$r/rsyncd.conf"
   ip netns exec dw-rcv rsync --daemon --config="$r/rsyncd.conf" --no-detach & pids+=($!)
   for m in $MODES; do
-    in_rcv "$bench" channel-recv --listen "127.0.0.1:$port" --env "$r/env/$m" --mode "$m" --ready "$r/ready" &
+    in_rcv "$bench" channel-recv --listen "127.0.0.1:$port" --env "$r/env/$m" --mode dedup --ready "$r/ready" &
     local p=$!
     until [ -e "$r/ready" ]; do sleep 0.05; done; rm -f "$r/ready"
-    tar --sort=name -cf - -C "${releases[0]}" . | in_rcv "$bench" channel-send --connect "127.0.0.1:$port" --mode "$m" --json /dev/null -
+    tar --sort=name -cf - -C "${releases[0]}" . | in_rcv "$bench" channel-send --connect "127.0.0.1:$port" --mode dedup --json /dev/null -
     wait $p
   done
   local cli=0

@@ -155,6 +155,11 @@ pub fn send(args: &SendArgs) -> Result<()> {
         "chunks_delta": st.chunks_delta,
         "chunks_literal": st.chunks_literal,
         "round_trips": st.round_trips,
+        "segments_kept": st.segments_kept,
+        "bytes_plain": st.bytes_plain,
+        "dedup_rate": st.dedup_rate,
+        "plain_rate": st.plain_rate,
+        "plain_level": st.plain_level,
     });
     match &args.json {
         Some(path) => std::fs::write(path, serde_json::to_string_pretty(&j)?)?,

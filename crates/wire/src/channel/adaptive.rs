@@ -12,9 +12,11 @@
 //! counts only while the sender has spent a good share of its time waiting for the other end
 //! and the receiver reports having been idle through it (otherwise the acknowledgements
 //! follow the sender's own pace, or the receiver's). Until both ways have a sample and the
-//! link's rate is known, segments alternate, dedup first, and are samples an eighth of a
-//! segment long (so that on a fast link measuring dedup costs little, and on a slow one
-//! measuring plain; probes are samples too); after that dedup is used unless
+//! link's rate is known, segments alternate, dedup first; the first goes whole (unless the
+//! handshake's round trip says the peer is on a LAN), the others are samples: an eighth of a
+//! segment when they sample dedup, so that on a fast link measuring it costs little, and a
+//! thirty-second when they sample plain, so that on a slow link measuring it costs little
+//! (probes are samples too); after that dedup is used unless
 //! plain is [`PLAIN_MARGIN`] times faster, and the other way is probed every [`PROBE_EVERY`]
 //! segments, so a change in link speed or redundancy is noticed; the interval doubles (to
 //! [`PROBE_EVERY_MAX`]) while probes confirm the choice, except that dedup is probed every
@@ -62,6 +64,9 @@ const RECEIVER_BOUND: f64 = 0.8;
 /// The link's delivery rate limits the estimates only when the sender spent more than this
 /// share of its time waiting for the other end, and the receiver was not what it waited for.
 const LINK_LIMITS: f64 = 0.25;
+/// A round trip under this (the handshake's, or a request's) says the peer is on a LAN, where
+/// plain sending is likely the faster way: the first segment is then a sample too.
+const LAN_ROUND_TRIP: Duration = Duration::from_millis(1);
 /// How much of the past each new sample keeps in the decayed sums.
 const KEEP: f64 = 0.75;
 /// The faster zstd levels plain segments step down to, in order, when the sender's CPU and
@@ -255,7 +260,11 @@ impl Adaptive {
                     }
                 }
                 _ => {
-                    self.sample = true;
+                    // The first segment goes whole, dedup, unless the peer is a LAN away: a
+                    // message of one segment then travels the way that cannot lose many
+                    // bytes on a slow link.
+                    self.sample =
+                        self.segments > 1 || self.rtt.is_some_and(|rtt| rtt < LAN_ROUND_TRIP);
                     if self.segments % 2 == 1 {
                         Way::Dedup
                     } else {
@@ -421,10 +430,19 @@ mod tests {
     #[test]
     fn the_first_segments_and_probes_are_samples() {
         let mut a = Adaptive::new(Mode::Adaptive, Compression::Zstd(3));
+        assert_eq!(a.choose(), Way::Dedup);
+        assert!(!a.sampling(), "the first segment goes whole, dedup");
         for _ in 0..4 {
             a.choose();
             assert!(a.sampling(), "measuring both ways");
         }
+        let mut lan = Adaptive::new(Mode::Adaptive, Compression::Zstd(3));
+        lan.round_trip(Duration::from_micros(100));
+        lan.choose();
+        assert!(
+            lan.sampling(),
+            "a LAN away, the first segment is a sample too"
+        );
         for _ in 0..3 {
             a.account(ms(100), ms(1));
             a.observe(Way::Dedup, cost(1_000, ms(100), 100, 2), 4, Duration::ZERO);

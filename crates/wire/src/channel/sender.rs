@@ -49,9 +49,12 @@ const PER_FEATURE: usize = 4;
 /// wait 120 ms to save under 4 KiB).
 pub(crate) const SMALL_MESSAGE: usize = 4096;
 /// Segments that sample a way (the adaptive mode's first segments, while it measures both
-/// ways and the link, and its probes of the way not chosen) carry this share of a segment:
-/// sampling the slower way then costs an eighth of a segment sent the slow way.
-const SAMPLE_SHARE: usize = 8;
+/// ways and the link, and its probes of the way not chosen) carry this share of a segment
+/// when they sample dedup, so that measuring it on a fast link costs an eighth of a segment's
+/// CPU...
+const SAMPLE_SHARE_DEDUP: usize = 8;
+/// ...and this share when they sample plain, whose wire bytes cost most on a slow link.
+const SAMPLE_SHARE_PLAIN: usize = 32;
 /// ...but no less than this many bytes, so a sample still spans several chunks.
 const SAMPLE_MIN: usize = 64 << 10;
 
@@ -180,7 +183,11 @@ impl Sender {
             self.adaptive.choose()
         };
         let cap = if self.adaptive.sampling() {
-            (self.cfg.segment_size / SAMPLE_SHARE).max(SAMPLE_MIN)
+            let share = match way {
+                Way::Dedup => SAMPLE_SHARE_DEDUP,
+                Way::Plain => SAMPLE_SHARE_PLAIN,
+            };
+            (self.cfg.segment_size / share).max(SAMPLE_MIN)
         } else {
             self.cfg.segment_size
         };

@@ -99,11 +99,14 @@ impl<S: Read + Write> DedupStream<S> {
         config.validate()?;
         let mut framed = Framed::new(stream);
         let hello = Hello::new(PROTOCOL, VERSION..=VERSION);
+        let mut rtt = None;
         let agreed = match role {
             Role::Connect => {
                 let ours = config.encode();
+                let asked = Instant::now();
                 framed.send_hello(&hello.clone().with_data(ours.clone()))?;
                 let answer = framed.recv_hello(&hello)?;
+                rtt = Some(asked.elapsed());
                 if answer.peer.data != ours {
                     let e = Error::Config(
                         "the listening end answered with another configuration than the one \
@@ -140,9 +143,13 @@ impl<S: Read + Write> DedupStream<S> {
             id_len: agreed.identifier.id_len(),
             max_segment: agreed.segment_size,
         };
+        let mut sender = Sender::new(agreed.clone(), store.clone());
+        if let Some(rtt) = rtt {
+            sender.adaptive.round_trip(rtt);
+        }
         Ok(DedupStream {
             link: Link::new(framed, limits),
-            sender: Sender::new(agreed.clone(), store.clone()),
+            sender,
             receiver: Receiver::new(agreed.clone(), store),
             stats: ChannelStats::default(),
             config: agreed,
