@@ -111,12 +111,17 @@ impl Coder {
         }
     }
 
-    fn decode(self, base: &[u8], delta: &[u8], limit: usize, out: &mut Vec<u8>) -> Result<()> {
-        let r = match self {
+    fn decode(
+        self,
+        base: &[u8],
+        delta: &[u8],
+        limit: usize,
+        out: &mut Vec<u8>,
+    ) -> dedupwire_engine::Result<()> {
+        match self {
             Coder::Sampled => Sampled::default().decode(base, delta, limit, out),
             Coder::ZstdRef => ZstdRef::new(ZSTD_REF_LEVEL).decode(base, delta, limit, out),
-        };
-        r.map_err(|e| Error::Protocol(e.to_string()))
+        }
     }
 
     /// The piece kinds of its deltas: every part but the last, the last.

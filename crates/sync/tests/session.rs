@@ -329,6 +329,12 @@ fn malformed_data_pieces_are_errors_and_the_tree_stays() {
         ("no base", [piece(b'd', 0, b"ab")].concat()),
         ("longer than the file", piece(b'e', 0, &vec![0; 60_100])),
         ("the delta of entry 0", piece(b'e', 0, &[0xff; 40])),
+        ("the delta of entry 0", piece(b'Z', 0, &[0xff; 40])),
+        (
+            "changes its form midway",
+            [piece(b'd', 0, b"ab"), piece(b'Z', 0, b"cd")].concat(),
+        ),
+        ("incomplete", piece(b'z', 0, &[1, 2, 3])),
         ("not the next file needed", piece(b'B', 7, b"abc")),
         ("incomplete", piece(b'd', 0, &[1, 2, 3])),
         ("truncated", piece(b'B', 0, b"abc")[..8].to_vec()),

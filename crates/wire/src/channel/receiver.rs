@@ -73,7 +73,8 @@ impl InMsg {
 pub(crate) enum Arrived {
     /// A whole message, verified.
     Message(Vec<u8>),
-    /// The rest of a message whose first bytes were taken with [`Receiver::take_ready`].
+    /// A further segment's bytes of a message whose first bytes were taken with
+    /// [`Receiver::take_ready`].
     Rest(Vec<u8>),
 }
 
@@ -545,18 +546,18 @@ impl Receiver {
             link.send(&Message::Ack { seg: last, busy_us })?;
             stats.messages_received += 1;
             stats.message_bytes_received += msg.len;
-            let rest: usize = msg.ready.iter().map(Vec::len).sum();
-            let mut parts = msg.ready.into_iter();
-            let mut bytes = parts.next().unwrap_or_default();
-            bytes.reserve_exact(rest - bytes.len());
-            for p in parts {
-                bytes.extend_from_slice(&p);
-            }
-            self.done.push_back(if msg.streamed {
-                Arrived::Rest(bytes)
+            if msg.streamed {
+                self.done.extend(msg.ready.into_iter().map(Arrived::Rest));
             } else {
-                Arrived::Message(bytes)
-            });
+                let rest: usize = msg.ready.iter().map(Vec::len).sum();
+                let mut parts = msg.ready.into_iter();
+                let mut bytes = parts.next().unwrap_or_default();
+                bytes.reserve_exact(rest - bytes.len());
+                for p in parts {
+                    bytes.extend_from_slice(&p);
+                }
+                self.done.push_back(Arrived::Message(bytes));
+            }
         }
         Ok(())
     }
