@@ -10,8 +10,10 @@
 //! writes its socket counts and channel statistics as JSON. Both ends use plain frames (no encryption):
 //! the benchmark is about bytes and link time, and encryption costs about 1 CPU-second per GB.
 
-use std::io::Write;
+use std::fs::File;
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -98,7 +100,8 @@ pub fn recv(args: &RecvArgs) -> Result<()> {
         let store: Arc<dyn ChunkStore> = env.clone();
         let mut ch = DedupStream::new(s, store, config.clone(), Role::Accept)?;
         if args.stream {
-            std::io::copy(&mut ch, &mut std::io::stdout().lock())?;
+            let mut out = File::from(std::io::stdout().as_fd().try_clone_to_owned()?);
+            copy_big(&mut ch, &mut out)?;
             continue;
         }
         loop {
@@ -118,6 +121,27 @@ pub fn recv(args: &RecvArgs) -> Result<()> {
     Ok(())
 }
 
+/// Bytes moved per read and write between standard I/O and the channel: `io::copy`'s 8 KiB,
+/// through standard output's line buffering, made 12 000 `write` calls for a 49 MB tar (about
+/// 0.1 s of system time) where `nc` and `zstd` make a few hundred.
+const STDIO_BUF: usize = 1 << 20;
+
+/// Copies `from` to `to` until its end in [`STDIO_BUF`] pieces; returns the bytes copied.
+fn copy_big(from: &mut impl Read, to: &mut impl Write) -> std::io::Result<u64> {
+    let mut buf = vec![0u8; STDIO_BUF];
+    let mut n = 0u64;
+    loop {
+        let got = match from.read(&mut buf) {
+            Ok(0) => return Ok(n),
+            Ok(got) => got,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        to.write_all(&buf[..got])?;
+        n += got as u64;
+    }
+}
+
 /// Sends every input as one message and reports what crossed the socket.
 pub fn send(args: &SendArgs) -> Result<()> {
     let config = config(&args.mode)?;
@@ -130,7 +154,8 @@ pub fn send(args: &SendArgs) -> Result<()> {
     for p in &args.inputs {
         let t = Instant::now();
         let bytes = if p.as_os_str() == "-" {
-            let n = std::io::copy(&mut std::io::stdin().lock(), &mut ch)?;
+            let mut input = File::from(std::io::stdin().as_fd().try_clone_to_owned()?);
+            let n = copy_big(&mut input, &mut ch)?;
             ch.flush()?;
             n as usize
         } else {

@@ -317,7 +317,9 @@ pub struct ChannelConfig {
     pub mode: Mode,
     /// Segments in flight at once (1..=[`MAX_WINDOW`]): the pipelining depth.
     pub window: usize,
-    /// Bytes per segment (64 KiB..=[`MAX_SEGMENT`]): a message is sent in segments of this size.
+    /// Bytes per segment (64 KiB..=[`MAX_SEGMENT`]): a message is sent in segments of at most
+    /// this size (the adaptive mode's samples, and its plain segments on a fast link, are
+    /// shorter).
     pub segment_size: usize,
     /// The longest message this end accepts (a local limit, not negotiated).
     pub max_message: u64,

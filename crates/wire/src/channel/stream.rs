@@ -235,11 +235,10 @@ impl<S: Read + Write> DedupStream<S> {
 
     /// Sends segments from `data`: every full segment, and the rest too when `last`.
     fn push(&mut self, data: &[u8], last: bool) -> Result<usize> {
-        let seg = self.config.segment_size;
         let mut pos = 0;
         loop {
             let rest = &data[pos..];
-            if !last && rest.len() < seg {
+            if !last && rest.len() < self.sender.next_cap() {
                 return Ok(pos);
             }
             let spent = self.spent();
@@ -401,7 +400,7 @@ impl<S: Read + Write> DedupStream<S> {
         self.check()?;
         self.wbuf.extend_from_slice(buf);
         self.stats.message_bytes_sent += buf.len() as u64;
-        if self.wbuf.len() >= 2 * self.config.segment_size {
+        if self.wbuf.len() >= self.sender.next_cap() {
             let pending = std::mem::take(&mut self.wbuf);
             let t = Instant::now();
             let r = self.push(&pending, false);
