@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::io;
-use std::sync::RwLock;
+use std::sync::{Mutex, RwLock};
 
 /// A chunk's identity: the output of the stream's identifier (BLAKE3-256, or xxh3-128 padded
 /// with zeros to 32 bytes).
@@ -20,6 +20,24 @@ impl fmt::Debug for ChunkId {
         f.write_str("…")
     }
 }
+
+/// What a sender learnt about one chunk it holds, kept so that a later stream finds delta
+/// bases among the chunks earlier ones sent: its similarity features, and the chunk just
+/// before it in the stream (versions of a file change in place, so the chunk that followed
+/// an old neighbour is a likely base).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sketch {
+    /// The chunk.
+    pub id: ChunkId,
+    /// The chunk before it in its stream, when known.
+    pub after: Option<ChunkId>,
+    /// Its super-features (empty when it was too short to be delta-encoded); at most
+    /// [`MAX_SKETCH_FEATURES`].
+    pub features: Vec<u64>,
+}
+
+/// The most features a [`Sketch`] carries.
+pub const MAX_SKETCH_FEATURES: usize = 32;
 
 /// Why a chunk store failed.
 #[derive(Debug, thiserror::Error)]
@@ -60,12 +78,39 @@ pub trait ChunkStore: Send + Sync {
     fn sync(&self) -> Result<(), StoreError> {
         Ok(())
     }
+    /// Keeps what a sender learnt about chunks it holds, for later streams: hints, which a
+    /// store may drop (this default keeps none) or lose to damage without harm. A sketch with
+    /// more than [`MAX_SKETCH_FEATURES`] features is refused.
+    fn remember(&self, sketches: &[Sketch]) -> Result<(), StoreError> {
+        check_sketches(sketches)
+    }
+    /// The sketches kept by [`remember`](ChunkStore::remember), oldest first, of chunks the
+    /// store still holds.
+    fn recall(&self) -> Result<Vec<Sketch>, StoreError> {
+        Ok(Vec::new())
+    }
+}
+
+/// Refuses sketches a store cannot keep.
+pub(crate) fn check_sketches(sketches: &[Sketch]) -> Result<(), StoreError> {
+    match sketches
+        .iter()
+        .find(|s| s.features.len() > MAX_SKETCH_FEATURES)
+    {
+        Some(s) => Err(StoreError::Refused(format!(
+            "a sketch of chunk {:?} has {} features; at most {MAX_SKETCH_FEATURES} are kept",
+            s.id,
+            s.features.len()
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// A chunk store in memory, unbounded: for tests and one-off transfers.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     chunks: RwLock<HashMap<ChunkId, Vec<u8>>>,
+    sketches: Mutex<Vec<Sketch>>,
 }
 
 impl MemoryStore {
@@ -111,6 +156,27 @@ impl ChunkStore for MemoryStore {
             .or_insert_with(|| data.to_vec());
         Ok(())
     }
+
+    fn remember(&self, sketches: &[Sketch]) -> Result<(), StoreError> {
+        check_sketches(sketches)?;
+        self.sketches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend_from_slice(sketches);
+        Ok(())
+    }
+
+    fn recall(&self) -> Result<Vec<Sketch>, StoreError> {
+        let chunks = self.chunks.read().unwrap_or_else(|e| e.into_inner());
+        Ok(self
+            .sketches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|s| chunks.contains_key(&s.id))
+            .cloned()
+            .collect())
+    }
 }
 
 #[cfg(test)]
@@ -128,5 +194,34 @@ mod tests {
         assert_eq!(store.get(&b).unwrap(), None);
         assert_eq!(store.contains_many(&[a, b]).unwrap(), vec![true, false]);
         assert_eq!(store.len(), 1);
+    }
+
+    #[test]
+    fn memory_store_recalls_sketches_of_chunks_it_holds() {
+        let store = MemoryStore::new();
+        let a = ChunkId([1; 32]);
+        let b = ChunkId([2; 32]);
+        store.put(&a, b"alpha").unwrap();
+        let kept = Sketch {
+            id: a,
+            after: Some(b),
+            features: vec![1, 2, 3],
+        };
+        let gone = Sketch {
+            id: b,
+            after: None,
+            features: vec![],
+        };
+        store.remember(&[kept.clone(), gone]).unwrap();
+        assert_eq!(store.recall().unwrap(), vec![kept]);
+        let big = Sketch {
+            id: a,
+            after: None,
+            features: vec![0; MAX_SKETCH_FEATURES + 1],
+        };
+        assert!(matches!(
+            store.remember(&[big]),
+            Err(StoreError::Refused(_))
+        ));
     }
 }
