@@ -23,7 +23,8 @@
 #   dedupwire-*   the channel (`dedupwire-bench channel-send/-recv`), the tar as one message
 #                 on a new connection per release, plain frames (no encryption), per mode in
 #                 MODES (default: adaptive dedup); the receiver's chunk Environment holds every
-#                 release it received before; tar streams through the channel's io::Write on
+#                 release it received before, the sender's (`--env`) every release it sent
+#                 and what it learnt of them (delta bases for the next); tar streams through the channel's io::Write on
 #                 the sender and io::Read on the receiver, into tar -x, as through nc
 #   dedupwire send  `dedupwire send SRC HOST:PORT:tree` onto `dedupwire serve`, release i-1's
 #                 tree already there (sent before the measurement, which also fills the
@@ -139,11 +140,12 @@ run() {
   [ "$max" -lt "$n" ] && n=$max
   echo "# link $([ "$mbit" = 0 ] && echo unshaped || echo "$mbit Mbit/s"), $wl: $(basename "${releases[0]}") then $((n - 1)) transfers"
   local port=7000 r=$work/rcv
-  rm -rf "$r"; mkdir -p "$r/rsync" "$r/env" "$r/root"
+  local s=$work/snd
+  rm -rf "$r" "$s"; mkdir -p "$r/rsync" "$r/env" "$r/root" "$s/env"
   # The receiver holds the first release: rsync's tree, each channel mode's environment
   # (sent over dw-rcv's own loopback in dedup mode, so that every chunk of it is kept
-  # whatever the mode measured; an adaptive send over loopback would keep few), and the
-  # dedupwire CLI's copy.
+  # whatever the mode measured; an adaptive send over loopback would keep few; the sender's
+  # environment for that mode keeps what it sent), and the dedupwire CLI's copy.
   cp -a "${releases[0]}" "$r/rsync/tree"
   printf 'port = 8730\naddress = %s\nuid = 0\ngid = 0\nuse chroot = false\npid file = %s/rsyncd.pid\n[dst]\npath = %s/rsync\nread only = false\n' \
     "$RCV" "$r" "$r" > "$r/rsyncd.conf"
@@ -152,7 +154,7 @@ run() {
     in_rcv "$bench" channel-recv --listen "127.0.0.1:$port" --env "$r/env/$m" --mode dedup --ready "$r/ready" &
     local p=$!
     until [ -e "$r/ready" ]; do sleep 0.05; done; rm -f "$r/ready"
-    tar --sort=name -cf - -C "${releases[0]}" . | in_rcv "$bench" channel-send --connect "127.0.0.1:$port" --mode dedup --json /dev/null -
+    tar --sort=name -cf - -C "${releases[0]}" . | in_rcv "$bench" channel-send --connect "127.0.0.1:$port" --mode dedup --env "$s/env/$m" --json /dev/null -
     wait $p
   done
   local cli=0
@@ -196,7 +198,7 @@ run() {
       p=$!
       until [ -e "$r/ready" ]; do sleep 0.05; done; rm -f "$r/ready"
       b0=$(wire); t0=$(now)
-      in_snd sh -c "tar --sort=name -cf - -C '$src' . | '$bench' channel-send --connect $RCV:$port --mode $m --json '$r/send.json' -"
+      in_snd sh -c "tar --sort=name -cf - -C '$src' . | '$bench' channel-send --connect $RCV:$port --mode $m --env '$s/env/$m' --json '$r/send.json' -"
       wait $p
       record "$mbit" "$wl" "$rel" "dedupwire-$m" $(($(wire) - b0)) "$t0" "$(now)" "$size" "$r/send.json"
     done

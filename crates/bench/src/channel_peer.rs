@@ -7,8 +7,10 @@
 //! receiver that already holds the previous release does; with `--stream` it writes what
 //! arrives to standard output as it arrives. `channel-send` connects and sends each input as
 //! one message (`-` is standard input, streamed through `io::Write` as it is read), then
-//! writes its socket counts and channel statistics as JSON. Both ends use plain frames (no encryption):
-//! the benchmark is about bytes and link time, and encryption costs about 1 CPU-second per GB.
+//! writes its socket counts and channel statistics as JSON; with `--env` it keeps what it
+//! sent (and its sketches) in an Environment of its own, as a real sender does. Both ends use
+//! plain frames (no encryption): the benchmark is about bytes and link time, and encryption
+//! costs about 1 CPU-second per GB.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -66,6 +68,10 @@ pub struct SendArgs {
     /// Write socket bytes, seconds and channel statistics as JSON to FILE.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// The sender's persistent chunk Environment (what earlier runs sent: delta bases for
+    /// this one); without it, a store in memory that starts empty.
+    #[arg(long)]
+    env: Option<PathBuf>,
 }
 
 fn config(mode: &str) -> Result<ChannelConfig> {
@@ -149,7 +155,18 @@ pub fn send(args: &SendArgs) -> Result<()> {
     let s = TcpStream::connect(&args.connect)
         .with_context(|| format!("connect to {}", args.connect))?;
     s.set_nodelay(true)?;
-    let mut ch = DedupStream::new(s, Arc::new(MemoryStore::new()), config, Role::Connect)?;
+    let env = match &args.env {
+        Some(dir) => Some(Arc::new(
+            Environment::open(dir, EnvConfig::default())
+                .with_context(|| format!("environment {}", dir.display()))?,
+        )),
+        None => None,
+    };
+    let store: Arc<dyn ChunkStore> = match &env {
+        Some(env) => env.clone(),
+        None => Arc::new(MemoryStore::new()),
+    };
+    let mut ch = DedupStream::new(s, store, config, Role::Connect)?;
     let mut messages = Vec::new();
     for p in &args.inputs {
         let t = Instant::now();
@@ -168,6 +185,9 @@ pub fn send(args: &SendArgs) -> Result<()> {
     }
     let st = ch.stats();
     ch.close()?;
+    if let Some(env) = &env {
+        env.sync()?;
+    }
     let j = json!({
         "mode": args.mode,
         "messages": messages,

@@ -535,6 +535,67 @@ fn chunks_the_receiver_lost_after_claiming_them_are_sent_again() {
     assert_eq!(client_stats.chunks_resent, server_stats.chunks_needed);
 }
 
+/// Sends `message` on a new connection from an end keeping `client_store` to one keeping
+/// `server_store`; returns the sender's stats.
+fn send_on_new_connection(
+    client_store: Arc<dyn ChunkStore>,
+    server_store: Arc<dyn ChunkStore>,
+    message: Vec<u8>,
+) -> ChannelStats {
+    let listener =
+        DedupListener::bind("127.0.0.1:0", keyed(), server_store, dedup_config()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let expect = message.clone();
+    let h = thread::spawn(move || {
+        let mut s = listener.accept().unwrap();
+        assert_eq!(s.recv().unwrap(), expect);
+    });
+    let mut c = DedupStream::connect(addr, keyed(), client_store, dedup_config()).unwrap();
+    c.send(&message).unwrap();
+    let st = c.stats();
+    c.close().unwrap();
+    h.join().unwrap();
+    st
+}
+
+#[test]
+fn a_new_connection_finds_delta_bases_in_what_earlier_ones_sent() {
+    let first = random(3 << 20, 60);
+    let mut second = first.clone();
+    for k in 0..second.len() / 6000 {
+        second[k * 6000 + 77] ^= 0x5A;
+    }
+    let receiver: Arc<dyn ChunkStore> = Arc::new(MemoryStore::new());
+    let sender: Arc<dyn ChunkStore> = Arc::new(MemoryStore::new());
+    send_on_new_connection(sender.clone(), receiver.clone(), first.clone());
+    assert!(
+        !sender.recall().unwrap().is_empty(),
+        "the sender kept sketches"
+    );
+
+    let other: Arc<dyn ChunkStore> = Arc::new(MemoryStore::new());
+    send_on_new_connection(Arc::new(MemoryStore::new()), other.clone(), first);
+    let forgetful = send_on_new_connection(Arc::new(MemoryStore::new()), other, second.clone());
+    let remembering = send_on_new_connection(sender.clone(), receiver, second.clone());
+    assert!(
+        remembering.chunks_delta > 32 && remembering.chunks_literal < 8,
+        "{remembering:?}"
+    );
+    assert!(
+        remembering.socket_bytes_sent * 5 < forgetful.socket_bytes_sent,
+        "with memory {remembering:?}, without {forgetful:?}"
+    );
+
+    // A receiver that never saw the first message asks for the bases it lacks, and soon the
+    // sender stops offering recalled bases to it.
+    let stranger = send_on_new_connection(sender, Arc::new(MemoryStore::new()), second);
+    assert!(
+        stranger.chunks_resent > 0
+            && stranger.chunks_resent * 2 < stranger.chunks_delta + stranger.chunks_literal,
+        "{stranger:?}"
+    );
+}
+
 #[test]
 fn adaptive_mode_sends_random_data_plain_over_loopback() {
     let mut c = small_segments(ChannelConfig::default());

@@ -8,6 +8,12 @@
 //!
 //! A segment's bytes stay here until the receiver acknowledges it, so that a chunk it asks
 //! for again (NEED) can always be answered; `window` bounds how many segments that is.
+//!
+//! What the sender learns (each chunk's features, the chunk before it) is also kept in its
+//! store as [`Sketch`]es and recalled by the next connection's sender, before its first
+//! dedup segment: a release sent yesterday is a delta base today, as on one long connection
+//! (Django 4.2.2's tar after 4.2.1's on a new connection: 6.5 MB on the socket without that
+//! memory, 0.6 MB on one connection). A base the receiver no longer holds costs a NEED.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
@@ -24,7 +30,7 @@ use super::link::Link;
 use super::protocol::{EntryRef, Message, MessageEnd, DATA_FRAME};
 use super::stats::ChannelStats;
 use crate::error::{Error, Result};
-use crate::store::{ChunkId, ChunkStore};
+use crate::store::{ChunkId, ChunkStore, Sketch};
 
 /// Chunks shorter than this are always sent literally: a delta would not pay for its base id.
 const MIN_DELTA_LEN: usize = 256;
@@ -41,6 +47,11 @@ const DELTA_MIN_SAVING: f64 = 0.125;
 const FEATURES_PER_SF: usize = 1;
 /// Successor entries kept (about 100 bytes each) before the map starts over.
 const MAX_SUCCESSORS: usize = 1 << 22;
+/// Chunks a receiver may ask for again (NEED) on one connection before the sender stops
+/// trusting what it recalled: such a receiver is not the one earlier connections sent to (or
+/// it evicted what they sent), and every delta against a recalled base would cost a round
+/// trip and the chunk sent whole.
+const STRANGER_NEEDS: usize = 16;
 /// Items kept per super-feature in the similarity index.
 const PER_FEATURE: usize = 4;
 /// A whole message shorter than this travels plain (compressed), kept by both ends unless
@@ -119,6 +130,13 @@ pub(crate) struct Sender {
     pub(crate) adaptive: Adaptive,
     /// The message being sent is new to the peer: plain, kept by neither end.
     pub(crate) new_bytes: bool,
+    /// Whether the store's sketches were loaded into `index` and `successor` (on first need,
+    /// so an end that only receives never reads them).
+    recalled: bool,
+    /// What was learnt since the store was last told.
+    learnt: Vec<Sketch>,
+    /// Chunks asked for again on this connection.
+    needs: usize,
     /// How the next segment travels (and whether it samples), chosen before its bytes are
     /// all gathered so that they wait only for as many as it takes.
     planned: Option<(Way, bool)>,
@@ -147,7 +165,51 @@ impl Sender {
             codec: Sampled::default(),
             new_bytes: false,
             planned: None,
+            recalled: false,
+            learnt: Vec::new(),
+            needs: 0,
         }
+    }
+
+    /// Loads what earlier senders on this store learnt, once.
+    fn recall(&mut self) -> Result<()> {
+        if std::mem::replace(&mut self.recalled, true) {
+            return Ok(());
+        }
+        for sk in self.store.recall()? {
+            if !sk.features.is_empty() {
+                self.index.insert(sk.id, &sk.features);
+            }
+            if let Some(before) = sk.after {
+                self.successor.insert(before, sk.id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Notes that `id` follows `before` (and has `features`, unless empty), here and, where
+    /// it is news, for the store.
+    fn note(&mut self, id: ChunkId, before: Option<ChunkId>, features: &[u64]) {
+        let after = before.filter(|&b| self.successor.insert(b, id) != Some(id));
+        if !features.is_empty() {
+            self.index.insert(id, features);
+        }
+        if after.is_some() || !features.is_empty() {
+            self.learnt.push(Sketch {
+                id,
+                after,
+                features: features.to_vec(),
+            });
+        }
+    }
+
+    /// Hands what was learnt to the store.
+    fn tell_store(&mut self) -> Result<()> {
+        if !self.learnt.is_empty() {
+            self.store.remember(&self.learnt)?;
+            self.learnt.clear();
+        }
+        Ok(())
     }
 
     /// The most message bytes the next segment takes (choosing how it travels, once): the
@@ -321,6 +383,7 @@ impl Sender {
     /// Indexes a plain segment's chunks as if they had been sent with dedup (the receiver
     /// keeps them), so that later segments find hits and delta bases in it.
     fn learn(&mut self, data: &[u8]) -> Result<()> {
+        self.recall()?;
         let mut spans = vec![(0usize, data.len())];
         let mut lens = Vec::new();
         for chunker in &self.cfg.levels {
@@ -341,16 +404,14 @@ impl Sender {
         for (off, len) in spans {
             let chunk = &data[off..off + len];
             let id = self.cfg.identifier.identify(chunk);
+            sfs.clear();
             if self.cfg.delta && len >= MIN_DELTA_LEN {
                 self.sf.super_features_into(chunk, &mut sfs);
-                self.index.insert(id, &sfs);
             }
-            if let Some(p) = prev.replace(id) {
-                self.successor.insert(p, id);
-            }
+            self.note(id, prev.replace(id), &sfs);
             self.store.put(&id, chunk)?;
         }
-        Ok(())
+        self.tell_store()
     }
 
     /// The receiver's answer to a request: refine what it lacks at the next level, or send it.
@@ -436,6 +497,7 @@ impl Sender {
         pieces: &[Piece],
         missing: &[usize],
     ) -> Result<()> {
+        self.recall()?;
         let id_len = self.cfg.identifier.id_len();
         let mut body = Vec::new();
         let mut sfs = Vec::new();
@@ -444,18 +506,20 @@ impl Sender {
         let mut anchor: Option<ChunkId> = None;
         let mut prev: Option<ChunkId> = None;
         for (i, p) in pieces.iter().enumerate() {
-            if let Some(before) = prev.replace(p.id) {
-                self.successor.insert(before, p.id);
-            }
+            let before = prev.replace(p.id);
             if missing.next_if_eq(&i).is_none() {
+                self.note(p.id, before, &[]);
                 anchor = Some(p.id);
                 continue;
             }
             let chunk = &data[p.off..p.off + p.len];
             let mut base_used = None;
+            sfs.clear();
             if self.cfg.delta && p.len >= MIN_DELTA_LEN {
                 self.sf.super_features_into(chunk, &mut sfs);
-                let similar = select_source(&self.index.lookup(&sfs), |_| false);
+                let mut found = self.index.lookup(&sfs);
+                found.retain(|c| c.id != p.id);
+                let similar = select_source(&found, |_| false);
                 let next_to_anchor = anchor.and_then(|a| self.successor.get(&a).copied());
                 let keep = self.ratio.clamp(0.5, 1.0 - DELTA_MIN_SAVING);
                 let limit = ((p.len as f64 * keep) as usize).saturating_sub(id_len);
@@ -474,8 +538,8 @@ impl Sender {
                         break;
                     }
                 }
-                self.index.insert(p.id, &sfs);
             }
+            self.note(p.id, before, &sfs);
             match base_used {
                 Some(base) => {
                     EntryRef::Delta(&base, &delta).encode(id_len, &mut body);
@@ -497,7 +561,7 @@ impl Sender {
         if !body.is_empty() {
             self.flush_data(link, seg, &mut body)?;
         }
-        Ok(())
+        self.tell_store()
     }
 
     fn flush_data<S: Read + Write>(
@@ -530,6 +594,12 @@ impl Sender {
         let s = self.inflight.get(&seg).ok_or_else(|| {
             Error::Protocol(format!("NEED for segment {seg}, which is not in flight"))
         })?;
+        let before = self.needs;
+        self.needs += wants.len();
+        if before < STRANGER_NEEDS && self.needs >= STRANGER_NEEDS {
+            self.index = CandidateIndex::new(PER_FEATURE);
+            self.successor.clear();
+        }
         for &(level, index) in wants {
             let p = s
                 .levels
