@@ -198,6 +198,12 @@ struct State {
     bytes: u64,
 }
 
+/// Test hook: writes fail with "no space" after this many more bytes.
+#[cfg(test)]
+type SpaceLeft = Option<u64>;
+#[cfg(not(test))]
+type SpaceLeft = ();
+
 /// The appending side, one at a time.
 #[derive(Debug)]
 struct Writer {
@@ -206,9 +212,7 @@ struct Writer {
     /// A failed write could not be cut back: start a new segment before the next record.
     broken: bool,
     buf: Vec<u8>,
-    /// Test hook: writes fail with "no space" after this many more bytes.
-    #[cfg(test)]
-    space_left: Option<u64>,
+    space_left: SpaceLeft,
 }
 
 #[derive(Debug, Default)]
@@ -245,6 +249,33 @@ fn io_context(e: io::Error, what: impl std::fmt::Display) -> StoreError {
     StoreError::Io(io::Error::new(e.kind(), format!("{what}: {e}")))
 }
 
+/// Writes all of `buf` at `off` of `file`.
+#[cfg(not(test))]
+fn write_at(_: &mut SpaceLeft, file: &File, buf: &[u8], off: u64) -> io::Result<()> {
+    segment::write_all_at(file, buf, off)
+}
+
+/// Writes all of `buf` at `off` of `file`, or as much of it as `space_left` allows and then
+/// fails like a full disk.
+#[cfg(test)]
+fn write_at(space_left: &mut SpaceLeft, file: &File, buf: &[u8], off: u64) -> io::Result<()> {
+    match *space_left {
+        Some(left) if (buf.len() as u64) > left => {
+            segment::write_all_at(file, &buf[..left as usize], off)?;
+            *space_left = Some(0);
+            Err(io::Error::new(
+                io::ErrorKind::StorageFull,
+                "No space left on device (injected)",
+            ))
+        }
+        Some(left) => {
+            *space_left = Some(left - buf.len() as u64);
+            segment::write_all_at(file, buf, off)
+        }
+        None => segment::write_all_at(file, buf, off),
+    }
+}
+
 impl Environment {
     /// Opens (creating if needed) the environment in `dir`: takes its lock, verifies every
     /// segment, cuts off torn tails and rebuilds the index.
@@ -278,8 +309,7 @@ impl Environment {
                 len: active.1,
                 broken: false,
                 buf: Vec::new(),
-                #[cfg(test)]
-                space_left: None,
+                space_left: SpaceLeft::default(),
             }),
             state: RwLock::new(state),
             counters: Counters::default(),
@@ -388,7 +418,7 @@ impl Environment {
         let mut buf = std::mem::take(&mut w.buf);
         buf.clear();
         segment::encode_record(&mut buf, w.active.no, off, id, data, sum);
-        let written = self.write_at(w, &buf, off);
+        let written = write_at(&mut w.space_left, &w.active.file, &buf, off);
         w.buf = buf;
         if let Err(e) = written {
             let cut = w.active.file.set_len(off);
@@ -422,30 +452,6 @@ impl Environment {
             e.bytes = w.len;
         }
         Ok(())
-    }
-
-    #[cfg(not(test))]
-    fn write_at(&self, w: &mut Writer, buf: &[u8], off: u64) -> io::Result<()> {
-        segment::write_all_at(&w.active.file, buf, off)
-    }
-
-    #[cfg(test)]
-    fn write_at(&self, w: &mut Writer, buf: &[u8], off: u64) -> io::Result<()> {
-        match w.space_left {
-            Some(left) if (buf.len() as u64) > left => {
-                segment::write_all_at(&w.active.file, &buf[..left as usize], off)?;
-                w.space_left = Some(0);
-                Err(io::Error::new(
-                    io::ErrorKind::StorageFull,
-                    "No space left on device (injected)",
-                ))
-            }
-            Some(left) => {
-                w.space_left = Some(left - buf.len() as u64);
-                segment::write_all_at(&w.active.file, buf, off)
-            }
-            None => segment::write_all_at(&w.active.file, buf, off),
-        }
     }
 
     /// Makes the newest segment durable and starts the next one.
