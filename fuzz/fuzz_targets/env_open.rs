@@ -1,15 +1,17 @@
-//! Arbitrary bytes as an environment's segment files: opening must end in an environment or a
-//! clear error, never a panic; every chunk it indexes must come back intact or as `Corrupt`,
-//! and the environment must stay usable (put, get, reopen).
+//! Arbitrary bytes as an environment's segment files and sketch file: opening must end in an
+//! environment or a clear error, never a panic; every chunk it indexes must come back intact
+//! or as `Corrupt`, every sketch it recalls must be of a chunk it holds, and the environment
+//! must stay usable (put, get, remember, reopen, recall).
 //!
-//! The first byte chooses the layout: bit 0 puts a valid segment header before the bytes (so
-//! the fuzzer reaches the records), bit 1 splits them into two segments.
+//! The first byte chooses the layout: bit 0 puts a valid header before the bytes (so the
+//! fuzzer reaches the records), bit 1 splits them into two segments, bit 2 also writes them
+//! as the sketch file.
 #![no_main]
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use dedupwire_wire::{ChunkId, ChunkStore, EnvConfig, Environment, StoreError};
+use dedupwire_wire::{ChunkId, ChunkStore, EnvConfig, Environment, Sketch, StoreError};
 use libfuzzer_sys::fuzz_target;
 
 fn header(no: u32) -> Vec<u8> {
@@ -18,6 +20,16 @@ fn header(no: u32) -> Vec<u8> {
     h.extend_from_slice(&1u32.to_le_bytes());
     h.extend_from_slice(&no.to_le_bytes());
     h.extend_from_slice(&0u64.to_le_bytes());
+    let sum = xxhash_rust::xxh3::xxh3_64(&h);
+    h.extend_from_slice(&sum.to_le_bytes());
+    h
+}
+
+fn sketch_header() -> Vec<u8> {
+    let mut h = Vec::with_capacity(24);
+    h.extend_from_slice(b"DWSKETCH");
+    h.extend_from_slice(&1u32.to_le_bytes());
+    h.extend_from_slice(&0u32.to_le_bytes());
     let sum = xxhash_rust::xxh3::xxh3_64(&h);
     h.extend_from_slice(&sum.to_le_bytes());
     h
@@ -60,6 +72,11 @@ fuzz_target!(|data: &[u8]| {
         file.extend_from_slice(part);
         std::fs::write(dir.join(format!("{no:08x}.seg")), file).expect("write segment");
     }
+    if mode & 4 != 0 {
+        let mut file = if mode & 1 != 0 { sketch_header() } else { Vec::new() };
+        file.extend_from_slice(body);
+        std::fs::write(dir.join("sketches"), file).expect("write sketch file");
+    }
     if let Ok(env) = Environment::open(&dir, config()) {
         // Every record's id is 32 bytes of the input: asking for every window asks for every
         // indexed chunk.
@@ -71,12 +88,24 @@ fuzz_target!(|data: &[u8]| {
                 Err(e) => panic!("unexpected error: {e}"),
             }
         }
+        for s in env.recall().expect("recall after open") {
+            assert!(s.features.len() <= 32);
+            assert!(env.contains(&s.id).expect("contains"), "recalled a chunk not held");
+        }
         let id = ChunkId([0xA5; 32]);
         env.put(&id, b"still usable").expect("put after open");
         assert_eq!(env.get(&id).expect("get").as_deref(), Some(&b"still usable"[..]));
+        let sketch = Sketch {
+            id,
+            after: Some(ChunkId([0x5A; 32])),
+            features: vec![1, 2, 3],
+        };
+        env.remember(std::slice::from_ref(&sketch)).expect("remember after open");
         drop(env);
         let env = Environment::open(&dir, config()).expect("reopen after a successful open");
         assert_eq!(env.get(&id).expect("get").as_deref(), Some(&b"still usable"[..]));
+        let recalled = env.recall().expect("recall after reopen");
+        assert_eq!(recalled.last(), Some(&sketch), "the sketch remembered last comes back last");
     }
     let _ = std::fs::remove_dir_all(&dir);
 });

@@ -5,7 +5,8 @@
 //! # Layout
 //!
 //! The directory holds append-only **segment files** (`0000002a.seg`, numbered in creation
-//! order, at most [`EnvConfig::segment_bytes`] each) and a `LOCK` file. A segment is a
+//! order, at most [`EnvConfig::segment_bytes`] each), a `sketches` file (see
+//! [Sketches](#sketches-a-senders-memory-kept-as-hints)) and a `LOCK` file. A segment is a
 //! versioned header and then records `[id][len][xxh3 of data][header checksum][data]`; the
 //! header checksum is seeded with the record's segment and offset, so a record is valid only
 //! where it was written (a segment stored as a chunk's data, or bytes shifted by damage, never
@@ -54,13 +55,30 @@
 //! per evicted segment (a few milliseconds per million chunks), which costs no memory per
 //! chunk. [`EnvConfig::second_chance`] turns the copying off (pure FIFO).
 //!
+//! # Sketches: a sender's memory, kept as hints
+//!
+//! [`ChunkStore::remember`] appends [`Sketch`]es to the `sketches` file (a versioned header,
+//! then records each with its own xxh3 checksum) and [`ChunkStore::recall`] reads it back,
+//! keeping the sketches of chunks the index still holds, so a sender that reopens its
+//! environment finds delta bases among what earlier connections sent. Sketches are hints:
+//! they are not fsynced on append (only by `sync`), and damage loses some of them, never the
+//! environment. At open a torn tail or a damaged record cuts the file back to the last valid
+//! record before it ([`EnvStats::sketch_cut_bytes`]), and a file whose header this build
+//! cannot read is renamed `sketches.bad` and a fresh one started. Records of evicted chunks
+//! (and older copies of a sketch remembered again) are dead: open rewrites the file without
+//! them when they are most of a file over 1 MiB, and `remember` does so when the file
+//! outgrows a 32nd of [`EnvConfig::max_bytes`], keeping the newest live records that fit in
+//! half of that, so the file's growth stays bounded.
+//!
 //! # Concurrency
 //!
 //! Lookups take a shared lock on the index only, and read records after releasing it; puts
 //! are serialized by a writer lock and take the index lock exclusively only to publish a
 //! written record. A segment evicted while a `get` reads it stays readable through the open
-//! file. Another process (or another `Environment::open` of the same directory in this
-//! process) is refused by an exclusive lock on `LOCK`.
+//! file. `remember` appends under the writer lock; `recall` takes it only to learn how far the
+//! sketch file's records go, then reads without it (a compaction meanwhile replaces the file,
+//! and the open one stays readable). Another process (or another `Environment::open` of the
+//! same directory in this process) is refused by an exclusive lock on `LOCK`.
 //!
 //! ```
 //! use dedupwire_wire::{ChunkId, ChunkStore, EnvConfig, Environment};
@@ -77,11 +95,12 @@
 mod index;
 mod lock;
 mod segment;
+mod sketch;
 
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -90,9 +109,15 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuar
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::store::{ChunkId, ChunkStore, StoreError};
+use crate::store::{check_sketches, ChunkId, ChunkStore, Sketch, StoreError};
 use index::{Index, Loc};
 use segment::{HEADER_LEN, MAX_SEGMENT_BYTES, RECORD_HEAD};
+
+/// The most sketches [`Environment`]'s `recall` returns (the newest), about 100 MB of them.
+pub const RECALL_MAX: usize = 1 << 20;
+
+/// A sketch file at least this large is compacted at open when most of it is dead records.
+const COMPACT_AT_OPEN: u64 = 1 << 20;
 
 /// How an [`Environment`] sizes its files.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,6 +199,15 @@ pub struct EnvStats {
     pub skipped_records: u64,
     /// Bytes of those stretches.
     pub skipped_bytes: u64,
+    /// Bytes of the sketch file.
+    pub sketch_bytes: u64,
+    /// Bytes of the sketch file cut off at open: a torn tail, or a damaged record and
+    /// everything after it.
+    pub sketch_cut_bytes: u64,
+    /// Whether a sketch file this build cannot read was set aside (`sketches.bad`) at open.
+    pub sketches_set_aside: bool,
+    /// Rewrites of the sketch file without its dead records, at open and by `remember`.
+    pub sketch_compactions: u64,
 }
 
 /// One segment file, open for reading (and, for the newest, appending).
@@ -198,6 +232,21 @@ struct State {
     bytes: u64,
 }
 
+/// The sketch file, appended to under the writer lock.
+#[derive(Debug)]
+struct SketchLog {
+    /// Shared with `recall`, which reads it without the writer lock.
+    file: Arc<File>,
+    /// Where its valid records end (and the next one is written).
+    len: u64,
+}
+
+/// Test hook: writes fail with "no space" after this many more bytes.
+#[cfg(test)]
+type SpaceLeft = Option<u64>;
+#[cfg(not(test))]
+type SpaceLeft = ();
+
 /// The appending side, one at a time.
 #[derive(Debug)]
 struct Writer {
@@ -206,9 +255,8 @@ struct Writer {
     /// A failed write could not be cut back: start a new segment before the next record.
     broken: bool,
     buf: Vec<u8>,
-    /// Test hook: writes fail with "no space" after this many more bytes.
-    #[cfg(test)]
-    space_left: Option<u64>,
+    sketches: SketchLog,
+    space_left: SpaceLeft,
 }
 
 #[derive(Debug, Default)]
@@ -219,6 +267,8 @@ struct Counters {
     hits: AtomicU64,
     misses: AtomicU64,
     corrupt_dropped: AtomicU64,
+    sketch_bytes: AtomicU64,
+    sketch_compactions: AtomicU64,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -226,6 +276,8 @@ struct Recovery {
     torn_bytes: u64,
     skipped_records: u64,
     skipped_bytes: u64,
+    sketch_cut_bytes: u64,
+    sketches_set_aside: bool,
 }
 
 /// A persistent, size-bounded chunk store in a directory, shared by many streams and threads
@@ -245,16 +297,44 @@ fn io_context(e: io::Error, what: impl std::fmt::Display) -> StoreError {
     StoreError::Io(io::Error::new(e.kind(), format!("{what}: {e}")))
 }
 
+/// Writes all of `buf` at `off` of `file`.
+#[cfg(not(test))]
+fn write_at(_: &mut SpaceLeft, file: &File, buf: &[u8], off: u64) -> io::Result<()> {
+    segment::write_all_at(file, buf, off)
+}
+
+/// Writes all of `buf` at `off` of `file`, or as much of it as `space_left` allows and then
+/// fails like a full disk.
+#[cfg(test)]
+fn write_at(space_left: &mut SpaceLeft, file: &File, buf: &[u8], off: u64) -> io::Result<()> {
+    match *space_left {
+        Some(left) if (buf.len() as u64) > left => {
+            segment::write_all_at(file, &buf[..left as usize], off)?;
+            *space_left = Some(0);
+            Err(io::Error::new(
+                io::ErrorKind::StorageFull,
+                "No space left on device (injected)",
+            ))
+        }
+        Some(left) => {
+            *space_left = Some(left - buf.len() as u64);
+            segment::write_all_at(file, buf, off)
+        }
+        None => segment::write_all_at(file, buf, off),
+    }
+}
+
 impl Environment {
     /// Opens (creating if needed) the environment in `dir`: takes its lock, verifies every
-    /// segment, cuts off torn tails and rebuilds the index.
+    /// segment and the sketch file, cuts off torn tails and rebuilds the index.
     pub fn open(dir: impl AsRef<Path>, config: EnvConfig) -> Result<Environment, StoreError> {
         config.validate()?;
         let dir = dir.as_ref().to_path_buf();
         fs::create_dir_all(&dir)
             .map_err(|e| io_context(e, format!("cannot create environment {}", dir.display())))?;
         let lock = lock::DirLock::acquire(&dir)?;
-        let (mut state, recovery) = load(&dir)?;
+        let (mut state, mut recovery) = load(&dir)?;
+        let sketches = open_sketches(&dir, &mut recovery)?;
         let active = match state.segments.last_key_value() {
             Some((_, e)) => (e.seg.clone(), e.bytes),
             None => {
@@ -278,15 +358,25 @@ impl Environment {
                 len: active.1,
                 broken: false,
                 buf: Vec::new(),
-                #[cfg(test)]
-                space_left: None,
+                sketches,
+                space_left: SpaceLeft::default(),
             }),
             state: RwLock::new(state),
             counters: Counters::default(),
             recovery,
             _lock: lock,
         };
-        env.evict(&mut env.writer())?;
+        let mut w = env.writer();
+        env.counters
+            .sketch_bytes
+            .store(w.sketches.len, Ordering::Relaxed);
+        env.evict(&mut w)?;
+        if w.sketches.len >= COMPACT_AT_OPEN {
+            // Compacting is optional: a failure (a full disk) leaves the file as it was, and
+            // `remember` compacts it once it outgrows its bound.
+            let _ = env.compact_sketches(&mut w, true);
+        }
+        drop(w);
         Ok(env)
     }
 
@@ -319,6 +409,10 @@ impl Environment {
             torn_bytes: self.recovery.torn_bytes,
             skipped_records: self.recovery.skipped_records,
             skipped_bytes: self.recovery.skipped_bytes,
+            sketch_bytes: c.sketch_bytes.load(Ordering::Relaxed),
+            sketch_cut_bytes: self.recovery.sketch_cut_bytes,
+            sketches_set_aside: self.recovery.sketches_set_aside,
+            sketch_compactions: c.sketch_compactions.load(Ordering::Relaxed),
         }
     }
 
@@ -388,7 +482,7 @@ impl Environment {
         let mut buf = std::mem::take(&mut w.buf);
         buf.clear();
         segment::encode_record(&mut buf, w.active.no, off, id, data, sum);
-        let written = self.write_at(w, &buf, off);
+        let written = write_at(&mut w.space_left, &w.active.file, &buf, off);
         w.buf = buf;
         if let Err(e) = written {
             let cut = w.active.file.set_len(off);
@@ -422,30 +516,6 @@ impl Environment {
             e.bytes = w.len;
         }
         Ok(())
-    }
-
-    #[cfg(not(test))]
-    fn write_at(&self, w: &mut Writer, buf: &[u8], off: u64) -> io::Result<()> {
-        segment::write_all_at(&w.active.file, buf, off)
-    }
-
-    #[cfg(test)]
-    fn write_at(&self, w: &mut Writer, buf: &[u8], off: u64) -> io::Result<()> {
-        match w.space_left {
-            Some(left) if (buf.len() as u64) > left => {
-                segment::write_all_at(&w.active.file, &buf[..left as usize], off)?;
-                w.space_left = Some(0);
-                Err(io::Error::new(
-                    io::ErrorKind::StorageFull,
-                    "No space left on device (injected)",
-                ))
-            }
-            Some(left) => {
-                w.space_left = Some(left - buf.len() as u64);
-                segment::write_all_at(&w.active.file, buf, off)
-            }
-            None => segment::write_all_at(&w.active.file, buf, off),
-        }
     }
 
     /// Makes the newest segment durable and starts the next one.
@@ -526,6 +596,89 @@ impl Environment {
         }
     }
 
+    /// The bound on the sketch file past which `remember` compacts it.
+    fn sketch_limit(&self) -> u64 {
+        (self.config.max_bytes / 32).min(sketch::MAX_FILE_BYTES / 2)
+    }
+
+    /// The first `len` bytes of the sketch file and, oldest first, its records that `recall`
+    /// returns: those of chunks still held, less those repeated by an identical later record.
+    fn live_sketches(
+        &self,
+        file: &File,
+        len: u64,
+    ) -> Result<(Vec<u8>, Vec<sketch::Found>), StoreError> {
+        let mut buf = vec![0u8; len as usize];
+        segment::read_exact_at(file, &mut buf, 0).map_err(|e| {
+            io_context(
+                e,
+                format!("cannot read {}", self.dir.join(sketch::FILE_NAME).display()),
+            )
+        })?;
+        let scan = sketch::scan(&buf);
+        let mut seen = HashSet::with_capacity(scan.records.len());
+        let mut live: Vec<sketch::Found> = scan
+            .records
+            .iter()
+            .rev()
+            .filter(|r| seen.insert(r.bytes(&buf)))
+            .copied()
+            .collect();
+        drop(seen);
+        let st = self.read();
+        live.retain(|r| st.index.contains(&sketch::record_id(r.bytes(&buf))));
+        drop(st);
+        live.reverse();
+        Ok((buf, live))
+    }
+
+    /// [`ChunkStore::recall`], at most `max` sketches.
+    fn recall_newest(&self, max: usize) -> Result<Vec<Sketch>, StoreError> {
+        let (file, len) = {
+            let w = self.writer();
+            (w.sketches.file.clone(), w.sketches.len)
+        };
+        let (buf, live) = self.live_sketches(&file, len)?;
+        Ok(live[live.len().saturating_sub(max)..]
+            .iter()
+            .filter_map(|r| sketch::decode_record(r.bytes(&buf)).map(|(s, _)| s))
+            .collect())
+    }
+
+    /// Rewrites the sketch file with only its live records (the newest of them that fit in
+    /// half its bound) through `sketches.tmp` and a rename; when `if_sparse`, only if dead
+    /// records make up more than half of it.
+    fn compact_sketches(&self, w: &mut Writer, if_sparse: bool) -> Result<(), StoreError> {
+        let (buf, live) = self.live_sketches(&w.sketches.file, w.sketches.len)?;
+        let live_bytes: u64 = live.iter().map(|r| r.len as u64).sum();
+        let dead = w.sketches.len - sketch::HEADER_LEN - live_bytes;
+        if if_sparse && dead * 2 <= w.sketches.len {
+            return Ok(());
+        }
+        let keep = self.sketch_limit() / 2;
+        let mut kept = 0u64;
+        let first = live
+            .iter()
+            .rev()
+            .take_while(|r| {
+                kept += r.len as u64;
+                kept <= keep
+            })
+            .count();
+        let mut out = sketch::encode_header().to_vec();
+        for r in &live[live.len() - first..] {
+            out.extend_from_slice(r.bytes(&buf));
+        }
+        w.sketches = new_sketch_file(&self.dir, &out)?;
+        self.counters
+            .sketch_bytes
+            .store(w.sketches.len, Ordering::Relaxed);
+        self.counters
+            .sketch_compactions
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Forgets `id` after its record at `off` of `seg` failed verification.
     fn drop_damaged(&self, id: &ChunkId, seg: &Segment, off: u32, why: &str) -> StoreError {
         if self.write().index.remove_at(id, seg.no, off) {
@@ -570,6 +723,109 @@ fn create_segment(dir: &Path, no: u32) -> Result<Arc<Segment>, StoreError> {
             ))
         }
     }
+}
+
+/// Writes `content` as the sketch file of `dir`, durably and whole or not at all: to
+/// `sketches.tmp`, fsynced, then renamed over `sketches`.
+fn new_sketch_file(dir: &Path, content: &[u8]) -> Result<SketchLog, StoreError> {
+    let tmp = dir.join(sketch::TMP_NAME);
+    let made = (|| -> io::Result<File> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
+        segment::write_all_at(&file, content, 0)?;
+        file.sync_all()?;
+        fs::rename(&tmp, dir.join(sketch::FILE_NAME))?;
+        segment::sync_dir(dir)?;
+        Ok(file)
+    })();
+    match made {
+        Ok(file) => Ok(SketchLog {
+            file: Arc::new(file),
+            len: content.len() as u64,
+        }),
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            let full = if e.kind() == io::ErrorKind::StorageFull {
+                " (the disk is full)"
+            } else {
+                ""
+            };
+            Err(io_context(
+                e,
+                format!(
+                    "cannot write the sketch file {}{full}",
+                    dir.join(sketch::FILE_NAME).display()
+                ),
+            ))
+        }
+    }
+}
+
+/// Opens the sketch file of `dir`, creating it if missing: cuts it back to its last valid
+/// record, and sets aside (as `sketches.bad`) a file this build cannot read, starting afresh.
+fn open_sketches(dir: &Path, rec: &mut Recovery) -> Result<SketchLog, StoreError> {
+    let path = dir.join(sketch::FILE_NAME);
+    let tmp = dir.join(sketch::TMP_NAME);
+    match fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_context(e, format!("cannot remove {}", tmp.display()))),
+    }
+    let file = match OpenOptions::new().read(true).write(true).open(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return new_sketch_file(dir, &sketch::encode_header())
+        }
+        Err(e) => return Err(io_context(e, format!("cannot open {}", path.display()))),
+    };
+    let len = file
+        .metadata()
+        .map_err(|e| io_context(e, format!("cannot stat {}", path.display())))?
+        .len();
+    let mut buf = Vec::new();
+    if len <= sketch::MAX_FILE_BYTES {
+        buf.resize(len as usize, 0);
+        segment::read_exact_at(&file, &mut buf, 0)
+            .map_err(|e| io_context(e, format!("cannot read {}", path.display())))?;
+    }
+    if len > sketch::MAX_FILE_BYTES || sketch::check_header(&buf).is_err() {
+        drop(file);
+        let bad = dir.join(sketch::BAD_NAME);
+        fs::rename(&path, &bad)
+            .and_then(|()| segment::sync_dir(dir))
+            .map_err(|e| {
+                io_context(
+                    e,
+                    format!(
+                        "cannot set aside the unreadable sketch file {} as {}",
+                        path.display(),
+                        bad.display()
+                    ),
+                )
+            })?;
+        rec.sketches_set_aside = true;
+        return new_sketch_file(dir, &sketch::encode_header());
+    }
+    let end = sketch::scan(&buf).end;
+    if end < len {
+        file.set_len(end)
+            .and_then(|()| file.sync_all())
+            .map_err(|e| {
+                io_context(
+                    e,
+                    format!("cannot cut the damaged tail of {}", path.display()),
+                )
+            })?;
+        rec.sketch_cut_bytes = len - end;
+    }
+    Ok(SketchLog {
+        file: Arc::new(file),
+        len: end,
+    })
 }
 
 /// Reads every segment in `dir`: the index, the segment table, and what recovery did.
@@ -721,6 +977,78 @@ impl ChunkStore for Environment {
         w.active
             .file
             .sync_data()
-            .map_err(|e| io_context(e, format!("cannot fsync {}", w.active.path.display())))
+            .map_err(|e| io_context(e, format!("cannot fsync {}", w.active.path.display())))?;
+        w.sketches.file.sync_data().map_err(|e| {
+            io_context(
+                e,
+                format!(
+                    "cannot fsync {}",
+                    self.dir.join(sketch::FILE_NAME).display()
+                ),
+            )
+        })
+    }
+
+    /// Appends the sketches to the sketch file (not fsynced: they are hints), compacting it
+    /// first when it has outgrown a 32nd of `max_bytes`.
+    fn remember(&self, sketches: &[Sketch]) -> Result<(), StoreError> {
+        check_sketches(sketches)?;
+        if sketches.is_empty() {
+            return Ok(());
+        }
+        let mut buf = Vec::new();
+        for s in sketches {
+            sketch::encode_record(&mut buf, s);
+        }
+        let mut w = self.writer();
+        if w.sketches.len > self.sketch_limit() {
+            self.compact_sketches(&mut w, false)?;
+        }
+        let path = self.dir.join(sketch::FILE_NAME);
+        let off = w.sketches.len;
+        if off + buf.len() as u64 > sketch::MAX_FILE_BYTES {
+            return Err(StoreError::Refused(format!(
+                "{} sketches take {} bytes, more than the sketch file {} holds ({} bytes)",
+                sketches.len(),
+                buf.len(),
+                path.display(),
+                sketch::MAX_FILE_BYTES
+            )));
+        }
+        let w = &mut *w;
+        if let Err(e) = write_at(&mut w.space_left, &w.sketches.file, &buf, off) {
+            let cut = w.sketches.file.set_len(off);
+            let full = e.kind() == io::ErrorKind::StorageFull;
+            return Err(io_context(
+                e,
+                format!(
+                    "environment {}: writing sketches to {} failed{}{}",
+                    self.dir.display(),
+                    path.display(),
+                    if full {
+                        " because the disk is full (free space or lower max_bytes)"
+                    } else {
+                        ""
+                    },
+                    if cut.is_ok() {
+                        "; the partial records were removed"
+                    } else {
+                        "; the partial records will be cut off at the next open"
+                    }
+                ),
+            ));
+        }
+        w.sketches.len += buf.len() as u64;
+        self.counters
+            .sketch_bytes
+            .store(w.sketches.len, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Reads the sketch file and returns its records of chunks still held, oldest first (a
+    /// sketch remembered again counts once, at its newest place); at most [`RECALL_MAX`], the
+    /// newest.
+    fn recall(&self) -> Result<Vec<Sketch>, StoreError> {
+        self.recall_newest(RECALL_MAX)
     }
 }

@@ -432,6 +432,312 @@ fn full_disk_on_the_first_record_of_a_segment() {
     assert_eq!(env.stats().torn_bytes, 0);
 }
 
+fn sketch(n: u64, after: Option<u64>, features: usize) -> Sketch {
+    Sketch {
+        id: id(n),
+        after: after.map(id),
+        features: (0..features as u64)
+            .map(|f| xxh3_64(&[n as u8, f as u8]))
+            .collect(),
+    }
+}
+
+fn sketch_path(dir: &Path) -> PathBuf {
+    dir.join(sketch::FILE_NAME)
+}
+
+fn sketch_file_len(dir: &Path) -> u64 {
+    fs::metadata(sketch_path(dir)).unwrap().len()
+}
+
+/// Where each record of the sketch file starts, and where the last one ends.
+fn sketch_offsets(dir: &Path) -> Vec<u64> {
+    let b = fs::read(sketch_path(dir)).unwrap();
+    let s = sketch::scan(&b);
+    let mut offs: Vec<u64> = s.records.iter().map(|r| r.off as u64).collect();
+    offs.push(s.end);
+    offs
+}
+
+#[test]
+fn sketches_survive_reopen() {
+    let dir = TempDir::new().unwrap();
+    let kept: Vec<Sketch> = (0..5)
+        .map(|n| sketch(n, n.checked_sub(1), n as usize * 7))
+        .collect();
+    {
+        let env = Environment::open(dir.path(), small()).unwrap();
+        assert_eq!(env.recall().unwrap(), vec![]);
+        for n in 0..5 {
+            env.put(&id(n), &data(n, 100)).unwrap();
+        }
+        env.remember(&kept[..2]).unwrap();
+        env.remember(&[]).unwrap();
+        env.remember(&kept[2..]).unwrap();
+        env.sync().unwrap();
+        assert_eq!(env.recall().unwrap(), kept);
+        assert_eq!(env.stats().sketch_bytes, sketch_file_len(dir.path()));
+    }
+    let env = Environment::open(dir.path(), small()).unwrap();
+    assert_eq!(env.recall().unwrap(), kept);
+    let s = env.stats();
+    assert_eq!((s.sketch_cut_bytes, s.sketches_set_aside), (0, false));
+    assert_eq!(s.sketch_compactions, 0);
+    assert_eq!(
+        env.recall_newest(2).unwrap(),
+        kept[3..],
+        "only the newest past the limit"
+    );
+}
+
+#[test]
+fn a_sketch_remembered_again_counts_once_at_its_newest_place() {
+    let dir = TempDir::new().unwrap();
+    let env = Environment::open(dir.path(), small()).unwrap();
+    for n in 0..3 {
+        env.put(&id(n), b"x").unwrap();
+    }
+    let (a, b, c) = (sketch(0, None, 2), sketch(1, None, 2), sketch(2, None, 2));
+    let b_elsewhere = sketch(1, Some(2), 2);
+    env.remember(&[a.clone(), b.clone(), c.clone()]).unwrap();
+    env.remember(&[a.clone(), b_elsewhere.clone()]).unwrap();
+    assert_eq!(env.recall().unwrap(), vec![b, c, a, b_elsewhere]);
+}
+
+#[test]
+fn recall_drops_evicted_chunks() {
+    let dir = TempDir::new().unwrap();
+    let env = Environment::open(dir.path(), small()).unwrap();
+    let early: Vec<Sketch> = (0..5).map(|n| sketch(n, None, 3)).collect();
+    let late: Vec<Sketch> = (395..400).map(|n| sketch(n, Some(n - 1), 3)).collect();
+    for n in 0..400 {
+        env.put(&id(n), &data(n, 1000)).unwrap();
+        if n == 4 {
+            env.remember(&early).unwrap();
+        }
+    }
+    env.remember(&late).unwrap();
+    assert!(env.stats().evicted_chunks > 0 && !env.contains(&id(4)).unwrap());
+    assert_eq!(env.recall().unwrap(), late);
+    drop(env);
+    let env = Environment::open(dir.path(), small()).unwrap();
+    assert_eq!(env.recall().unwrap(), late);
+}
+
+#[test]
+fn torn_sketch_tail_is_cut_at_open() {
+    let dir = TempDir::new().unwrap();
+    let all: Vec<Sketch> = (0..5).map(|n| sketch(n, None, 4)).collect();
+    {
+        let env = Environment::open(dir.path(), small()).unwrap();
+        for n in 0..6 {
+            env.put(&id(n), b"x").unwrap();
+        }
+        env.remember(&all).unwrap();
+    }
+    let offs = sketch_offsets(dir.path());
+    let cut = offs[4] + 10;
+    fs::OpenOptions::new()
+        .write(true)
+        .open(sketch_path(dir.path()))
+        .unwrap()
+        .set_len(cut)
+        .unwrap();
+    let env = Environment::open(dir.path(), small()).unwrap();
+    let s = env.stats();
+    assert_eq!((s.sketch_cut_bytes, s.torn_bytes, s.chunks), (10, 0, 6));
+    assert_eq!(sketch_file_len(dir.path()), offs[4]);
+    assert_eq!(env.recall().unwrap(), all[..4]);
+    let more = sketch(5, Some(4), 1);
+    env.remember(std::slice::from_ref(&more)).unwrap();
+    drop(env);
+    let env = Environment::open(dir.path(), small()).unwrap();
+    assert_eq!(env.stats().sketch_cut_bytes, 0);
+    let mut want = all[..4].to_vec();
+    want.push(more);
+    assert_eq!(env.recall().unwrap(), want);
+}
+
+#[test]
+fn damaged_sketch_record_cuts_the_file_back_to_it() {
+    let dir = TempDir::new().unwrap();
+    let all: Vec<Sketch> = (0..5).map(|n| sketch(n, Some(n + 1), 4)).collect();
+    {
+        let env = Environment::open(dir.path(), small()).unwrap();
+        for n in 0..6 {
+            env.put(&id(n), b"x").unwrap();
+        }
+        env.remember(&all).unwrap();
+    }
+    let offs = sketch_offsets(dir.path());
+    flip(&sketch_path(dir.path()), offs[2] + 40);
+    let env = Environment::open(dir.path(), small()).unwrap();
+    let s = env.stats();
+    assert_eq!(s.sketch_cut_bytes, offs[5] - offs[2]);
+    assert_eq!((s.chunks, s.skipped_records), (6, 0));
+    assert_eq!(env.recall().unwrap(), all[..2]);
+    env.remember(&all[4..]).unwrap();
+    drop(env);
+    let env = Environment::open(dir.path(), small()).unwrap();
+    assert_eq!(env.stats().sketch_cut_bytes, 0);
+    assert_eq!(
+        env.recall().unwrap(),
+        vec![all[0].clone(), all[1].clone(), all[4].clone()]
+    );
+}
+
+#[test]
+fn unreadable_sketch_file_is_set_aside() {
+    for damage in ["magic", "version", "checksum", "short"] {
+        let dir = TempDir::new().unwrap();
+        {
+            let env = Environment::open(dir.path(), small()).unwrap();
+            env.put(&id(1), b"kept").unwrap();
+            env.remember(&[sketch(1, None, 2)]).unwrap();
+        }
+        let path = sketch_path(dir.path());
+        let mut b = fs::read(&path).unwrap();
+        match damage {
+            "magic" => b[0] ^= 1,
+            "version" => b[8..12].copy_from_slice(&2u32.to_le_bytes()),
+            "checksum" => b[17] ^= 1,
+            _ => b.truncate(5),
+        }
+        fs::write(&path, &b).unwrap();
+        let env = Environment::open(dir.path(), small()).unwrap();
+        assert!(env.stats().sketches_set_aside, "{damage}");
+        assert_eq!(fs::read(dir.path().join(sketch::BAD_NAME)).unwrap(), b);
+        assert_eq!(sketch_file_len(dir.path()), sketch::HEADER_LEN);
+        assert_eq!(env.recall().unwrap(), vec![], "{damage}");
+        assert_eq!(env.get(&id(1)).unwrap().as_deref(), Some(&b"kept"[..]));
+        env.remember(&[sketch(1, None, 3)]).unwrap();
+        drop(env);
+        let env = Environment::open(dir.path(), small()).unwrap();
+        assert!(!env.stats().sketches_set_aside);
+        assert_eq!(env.recall().unwrap(), vec![sketch(1, None, 3)]);
+    }
+}
+
+#[test]
+fn compaction_at_open_keeps_live_records_in_order() {
+    let dir = TempDir::new().unwrap();
+    let cfg = EnvConfig {
+        max_bytes: 1 << 30,
+        ..small()
+    };
+    let mut live = Vec::new();
+    {
+        let env = Environment::open(dir.path(), cfg.clone()).unwrap();
+        for n in 0..100 {
+            env.put(&id(n), b"x").unwrap();
+        }
+        for round in 0..40u64 {
+            let dead: Vec<Sketch> = (0..100)
+                .map(|i| sketch(1000 + round * 100 + i, None, 32))
+                .collect();
+            env.remember(&dead).unwrap();
+            let s = sketch(round, Some(round + 1), 5);
+            env.remember(std::slice::from_ref(&s)).unwrap();
+            live.push(s);
+        }
+        assert!(env.stats().sketch_bytes > COMPACT_AT_OPEN);
+        assert_eq!(env.recall().unwrap(), live);
+    }
+    let env = Environment::open(dir.path(), cfg.clone()).unwrap();
+    let s = env.stats();
+    assert_eq!(s.sketch_compactions, 1);
+    let mut one = Vec::new();
+    sketch::encode_record(&mut one, &live[0]);
+    assert_eq!(s.sketch_bytes, sketch::HEADER_LEN + 40 * one.len() as u64);
+    assert_eq!(sketch_file_len(dir.path()), s.sketch_bytes);
+    assert!(!dir.path().join(sketch::TMP_NAME).exists());
+    assert_eq!(env.recall().unwrap(), live);
+    env.remember(&[sketch(99, None, 1)]).unwrap();
+    live.push(sketch(99, None, 1));
+    drop(env);
+    let env = Environment::open(dir.path(), cfg).unwrap();
+    assert_eq!(env.stats().sketch_compactions, 0);
+    assert_eq!(env.recall().unwrap(), live);
+}
+
+#[test]
+fn remember_compacts_when_the_file_outgrows_its_bound() {
+    let dir = TempDir::new().unwrap();
+    let env = Environment::open(dir.path(), small()).unwrap();
+    let bound = small().max_bytes / 32;
+    for n in 0..10 {
+        env.put(&id(n), b"x").unwrap();
+    }
+    let mut all = Vec::new();
+    for i in 0..200 {
+        let s = sketch(i % 10, Some(i), 2);
+        env.remember(std::slice::from_ref(&s)).unwrap();
+        all.push(s);
+        let bytes = env.stats().sketch_bytes;
+        assert!(bytes <= bound + 200, "after {i}: {bytes} bytes");
+        assert_eq!(sketch_file_len(dir.path()), bytes);
+    }
+    assert!(env.stats().sketch_compactions > 5);
+    let got = env.recall().unwrap();
+    assert!(got.len() >= 10, "{} kept", got.len());
+    assert_eq!(got, all[all.len() - got.len()..], "the newest, in order");
+}
+
+#[test]
+fn full_disk_during_remember_leaves_the_sketch_file_as_it_was() {
+    let dir = TempDir::new().unwrap();
+    let env = Environment::open(dir.path(), small()).unwrap();
+    for n in 0..4 {
+        env.put(&id(n), b"x").unwrap();
+    }
+    let first = sketch(0, None, 3);
+    env.remember(std::slice::from_ref(&first)).unwrap();
+    let before = sketch_file_len(dir.path());
+    env.writer().space_left = Some(50);
+    match env.remember(&[sketch(1, None, 3), sketch(2, None, 3)]) {
+        Err(StoreError::Io(e)) => {
+            assert_eq!(e.kind(), io::ErrorKind::StorageFull);
+            let m = e.to_string();
+            assert!(
+                m.contains("sketches") && m.contains("disk is full") && m.contains("removed"),
+                "{m}"
+            );
+        }
+        other => panic!("expected Io, got {other:?}"),
+    }
+    assert_eq!(sketch_file_len(dir.path()), before);
+    assert_eq!(env.stats().sketch_bytes, before);
+    assert_eq!(env.recall().unwrap(), vec![first.clone()]);
+    env.writer().space_left = None;
+    let next = sketch(3, Some(0), 1);
+    env.remember(std::slice::from_ref(&next)).unwrap();
+    drop(env);
+    let env = Environment::open(dir.path(), small()).unwrap();
+    assert_eq!(env.stats().sketch_cut_bytes, 0);
+    assert_eq!(env.recall().unwrap(), vec![first, next]);
+}
+
+#[test]
+fn remember_refuses_too_many_features() {
+    let dir = TempDir::new().unwrap();
+    let env = Environment::open(dir.path(), small()).unwrap();
+    env.put(&id(1), b"x").unwrap();
+    let before = sketch_file_len(dir.path());
+    let max = sketch(1, None, crate::store::MAX_SKETCH_FEATURES);
+    let over = sketch(1, None, crate::store::MAX_SKETCH_FEATURES + 1);
+    match env.remember(&[max.clone(), over]) {
+        Err(StoreError::Refused(m)) => assert!(m.contains("33 features"), "{m}"),
+        other => panic!("expected Refused, got {other:?}"),
+    }
+    assert_eq!(
+        sketch_file_len(dir.path()),
+        before,
+        "nothing of the batch written"
+    );
+    env.remember(std::slice::from_ref(&max)).unwrap();
+    assert_eq!(env.recall().unwrap(), vec![max]);
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Put(u8, u16),
@@ -475,6 +781,22 @@ proptest! {
         for (k, d) in &model {
             prop_assert_eq!(env.get(&id(u64::from(*k))).unwrap(), Some(d.clone()));
         }
+    }
+
+    #[test]
+    fn arbitrary_sketch_file_bytes_never_stop_open(body in prop::collection::vec(any::<u8>(), 0..600), header in any::<bool>()) {
+        let dir = TempDir::new().unwrap();
+        let mut b = if header { sketch::encode_header().to_vec() } else { Vec::new() };
+        b.extend_from_slice(&body);
+        fs::write(sketch_path(dir.path()), &b).unwrap();
+        let env = Environment::open(dir.path(), small()).unwrap();
+        prop_assert_eq!(env.recall().unwrap(), vec![]);
+        env.put(&id(1), b"x").unwrap();
+        let s = sketch(1, Some(2), 3);
+        env.remember(std::slice::from_ref(&s)).unwrap();
+        drop(env);
+        let env = Environment::open(dir.path(), small()).unwrap();
+        prop_assert_eq!(env.recall().unwrap(), vec![s]);
     }
 
     #[test]
