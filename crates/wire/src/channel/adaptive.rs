@@ -5,8 +5,9 @@
 //! so a probe after a long streak the other way counts almost alone) of message bytes, the
 //! sender's CPU time (chunking, hashing, similarity, deltas, compression; a dedup segment also
 //! pays its round trips: the shortest request-to-answer time, per level asked, divided by the
-//! window) and the wire bytes its frames took. Segments are pipelined, so a way's pace is set
-//! by the slower of its CPU time and its wire bytes over the link's rate. The link's rate is
+//! window), the receiver's busy time (reported with each acknowledgement) and the wire bytes
+//! its frames took. Segments are pipelined, so a way's pace is set by the slowest of the two
+//! ends' work and its wire bytes over the link's rate; a LAN away, both ends' work adds up. The link's rate is
 //! the delivery rate of the last acknowledged segments (wire bytes per second of
 //! acknowledgements), which socket buffers cannot hide the way they hide blocked writes; it
 //! counts only while the sender has spent a good share of its time waiting for the other end
@@ -115,6 +116,8 @@ struct Sums {
     /// CPU seconds plus the round trips' share of waiting.
     secs: f64,
     wire: f64,
+    /// Seconds the receiver reported busy with them.
+    recv: f64,
 }
 
 impl Sums {
@@ -122,12 +125,22 @@ impl Sums {
         self.bytes *= KEEP;
         self.secs *= KEEP;
         self.wire *= KEEP;
+        self.recv *= KEEP;
     }
 
-    /// Message bytes per second: the sender's work and the link's draining of the wire
-    /// bytes overlap (segments are pipelined), so the slower of the two sets the pace.
-    fn rate(&self, link: f64) -> f64 {
-        self.bytes / self.secs.max(self.wire / link).max(1e-9)
+    /// Message bytes per second: the sender's work, the receiver's and the link's draining
+    /// of the wire bytes overlap (segments are pipelined), so the slowest sets the pace;
+    /// but a peer a LAN away (or on this host) likely shares the sender's CPUs or is as
+    /// loaded, so there both ends' work adds up (a dedup segment's receiver reads its hits
+    /// and delta bases back and stores what is new: over loopback, as much system time as
+    /// the sender's dedup work).
+    fn rate(&self, link: f64, lan: bool) -> f64 {
+        let work = if lan {
+            self.secs + self.recv
+        } else {
+            self.secs.max(self.recv)
+        };
+        self.bytes / work.max(self.wire / link).max(1e-9)
     }
 }
 
@@ -243,7 +256,8 @@ impl Adaptive {
             Mode::Adaptive => match (self.dedup, self.plain, self.link_rate()) {
                 (Some(d), Some(p), Some(link)) => {
                     let link = self.limiting(link);
-                    let best = if p.rate(link) > d.rate(link) * PLAIN_MARGIN {
+                    let lan = self.lan();
+                    let best = if p.rate(link, lan) > d.rate(link, lan) * PLAIN_MARGIN {
                         Way::Plain
                     } else {
                         Way::Dedup
@@ -277,8 +291,7 @@ impl Adaptive {
                     // The first segment goes whole, dedup, unless the peer is a LAN away: a
                     // message of one segment then travels the way that cannot lose many
                     // bytes on a slow link.
-                    self.sample =
-                        self.segments > 1 || self.rtt.is_some_and(|rtt| rtt < LAN_ROUND_TRIP);
+                    self.sample = self.segments > 1 || self.lan();
                     if self.segments % 2 == 1 {
                         Way::Dedup
                     } else {
@@ -287,6 +300,11 @@ impl Adaptive {
                 }
             },
         }
+    }
+
+    /// Whether the peer is a LAN away (or on this host), by the shortest round trip seen.
+    fn lan(&self) -> bool {
+        self.rtt.is_some_and(|rtt| rtt < LAN_ROUND_TRIP)
     }
 
     /// Whether the way last chosen samples the channel (while both ways and the link are
@@ -354,6 +372,7 @@ impl Adaptive {
         sums.bytes += cost.bytes as f64;
         sums.secs += (cost.cpu + waits).as_secs_f64().max(1e-6);
         sums.wire += cost.wire as f64;
+        sums.recv += receiver.as_secs_f64();
         if way == Way::Plain {
             let share = self.down_share();
             let busy = (self.total - self.down) / (self.total + self.input).max(1e-9);
@@ -369,8 +388,8 @@ impl Adaptive {
     pub(crate) fn rates(&self) -> (f64, f64) {
         let link = self.limiting(self.link_rate().unwrap_or(f64::INFINITY));
         (
-            self.dedup.map_or(0.0, |s| s.rate(link)),
-            self.plain.map_or(0.0, |s| s.rate(link)),
+            self.dedup.map_or(0.0, |s| s.rate(link, self.lan())),
+            self.plain.map_or(0.0, |s| s.rate(link, self.lan())),
         )
     }
 }
@@ -513,6 +532,31 @@ mod tests {
             a.limiting(1.0),
             f64::INFINITY,
             "a sender that hardly waits is not limited by the link"
+        );
+    }
+
+    #[test]
+    fn the_receivers_work_counts_and_adds_up_a_lan_away() {
+        let choice = |rtt: Duration| {
+            let mut a = Adaptive::new(Mode::Adaptive, Compression::Zstd(3));
+            a.round_trip(rtt);
+            for _ in 0..3 {
+                sleep(ms(1));
+                a.observe(Way::Dedup, cost(1 << 20, ms(40), 1_000, 0), 4, ms(50));
+                sleep(ms(1));
+                a.observe(Way::Plain, cost(1 << 20, ms(40), 1_000, 0), 4, ms(10));
+            }
+            a.choose()
+        };
+        assert_eq!(
+            choice(Duration::from_micros(200)),
+            Way::Plain,
+            "a LAN away, dedup's 90 ms against plain's 50"
+        );
+        assert_eq!(
+            choice(ms(40)),
+            Way::Dedup,
+            "apart, the slower end sets the pace: 50 ms against 40"
         );
     }
 

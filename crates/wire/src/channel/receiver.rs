@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::io::{Read, Write};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dedupwire_engine::compress::Compression;
 use dedupwire_engine::delta::{DeltaCodec, Sampled};
@@ -41,6 +41,8 @@ struct InMsg {
     ready: VecDeque<Vec<u8>>,
     streamed: bool,
     hasher: blake3::Hasher,
+    /// The last segment's busy time, kept until every segment is done and it is acknowledged.
+    last_busy: Duration,
 }
 
 impl InMsg {
@@ -54,6 +56,7 @@ impl InMsg {
             ready: VecDeque::new(),
             streamed: false,
             hasher: blake3::Hasher::new(),
+            last_busy: Duration::ZERO,
         }
     }
 
@@ -87,6 +90,8 @@ struct InSeg {
     pending: usize,
     needs: HashSet<(u8, u32)>,
     refined: Vec<(u8, u32)>,
+    /// Time spent on its frames before the current one.
+    busy: Duration,
 }
 
 /// A compressed body as it arrived: method tag, length once decompressed, bytes.
@@ -105,8 +110,9 @@ pub(crate) struct Receiver {
     msg: Option<InMsg>,
     segs: BTreeMap<u64, InSeg>,
     pub(crate) done: VecDeque<Arrived>,
-    /// Time spent on the peer's segments since the last ACK (reported in the next one).
-    pub(crate) busy: Duration,
+    /// When the frame being handled arrived: its time so far counts towards its segment's
+    /// busy time, reported in the segment's ACK.
+    pub(crate) frame_started: Option<Instant>,
     codec: Sampled,
 }
 
@@ -123,7 +129,7 @@ impl Receiver {
             msg: None,
             segs: BTreeMap::new(),
             done: VecDeque::new(),
-            busy: Duration::ZERO,
+            frame_started: None,
             codec: Sampled::default(),
         }
     }
@@ -236,6 +242,7 @@ impl Receiver {
                     pending: 0,
                     needs: HashSet::new(),
                     refined: Vec::new(),
+                    busy: Duration::ZERO,
                 },
             );
         } else {
@@ -461,6 +468,7 @@ impl Receiver {
                 pending: 0,
                 needs: HashSet::new(),
                 refined: Vec::new(),
+                busy: Duration::ZERO,
             },
         );
         self.check_complete(link, stats, seg)?;
@@ -493,11 +501,17 @@ impl Receiver {
         Ok(())
     }
 
-    /// The busy time to report, in microseconds, restarting the count.
-    fn take_busy(busy: &mut Duration) -> u32 {
-        let us = busy.as_micros().min(u128::from(u32::MAX)) as u32;
-        *busy = Duration::ZERO;
-        us
+    /// Adds `spent` on a frame of segment `seg` to its busy time, unless it is done (its
+    /// ACK then counted the frame).
+    pub(crate) fn charge(&mut self, seg: u64, spent: Duration) {
+        if let Some(s) = self.segs.get_mut(&seg) {
+            s.busy += spent;
+        }
+    }
+
+    /// A busy time as an ACK reports it, in microseconds.
+    fn micros(busy: Duration) -> u32 {
+        busy.as_micros().min(u128::from(u32::MAX)) as u32
     }
 
     fn check_complete<S: Read + Write>(
@@ -514,6 +528,7 @@ impl Receiver {
             return Ok(());
         }
         let s = self.segs.remove(&seg).expect("checked");
+        let busy = s.busy + self.frame_started.map_or(Duration::ZERO, |t| t.elapsed());
         for &(level, index) in &s.refined {
             let p = s.levels[level as usize][index as usize];
             let bytes = &s.buf[p.off..p.off + p.len];
@@ -531,8 +546,12 @@ impl Receiver {
         msg.open -= 1;
         let last = msg.last.map(|(l, _)| l);
         if last != Some(seg) {
-            let busy_us = Self::take_busy(&mut self.busy);
-            link.send(&Message::Ack { seg, busy_us })?;
+            link.send(&Message::Ack {
+                seg,
+                busy_us: Self::micros(busy),
+            })?;
+        } else {
+            msg.last_busy = busy;
         }
         if let (Some((last, end)), 0) = (msg.last, msg.open) {
             let msg = self.msg.take().expect("checked");
@@ -542,8 +561,10 @@ impl Receiver {
                     msg.len
                 )));
             }
-            let busy_us = Self::take_busy(&mut self.busy);
-            link.send(&Message::Ack { seg: last, busy_us })?;
+            link.send(&Message::Ack {
+                seg: last,
+                busy_us: Self::micros(msg.last_busy),
+            })?;
             stats.messages_received += 1;
             stats.message_bytes_received += msg.len;
             if msg.streamed {

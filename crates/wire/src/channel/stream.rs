@@ -328,13 +328,14 @@ impl<S: Read + Write> DedupStream<S> {
         };
         let (link, stats) = (&mut self.link, &mut self.stats);
         let started = Instant::now();
-        let for_receiver = matches!(
-            m,
-            Message::Request { .. }
-                | Message::Data { .. }
-                | Message::Plain { .. }
-                | Message::Raw { .. }
-        );
+        let for_receiver = match m {
+            Message::Request { seg, .. }
+            | Message::Data { seg, .. }
+            | Message::Plain { seg, .. }
+            | Message::Raw { seg, .. } => Some(seg),
+            _ => None,
+        };
+        self.receiver.frame_started = for_receiver.map(|_| started);
         let r = match m {
             Message::Request {
                 seg,
@@ -389,8 +390,9 @@ impl<S: Read + Write> DedupStream<S> {
             Message::Need { seg, wants } => self.sender.on_need(link, stats, seg, &wants),
             Message::Ack { seg, busy_us } => self.sender.on_ack(stats, seg, busy_us),
         };
-        if for_receiver {
-            self.receiver.busy += started.elapsed();
+        if let Some(seg) = for_receiver {
+            self.receiver.charge(seg, started.elapsed());
+            self.receiver.frame_started = None;
         }
         r
     }
