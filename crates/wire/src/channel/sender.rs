@@ -64,7 +64,9 @@ pub(crate) const SMALL_MESSAGE: usize = 4096;
 /// when they sample dedup, so that measuring it on a fast link costs an eighth of a segment's
 /// CPU...
 const SAMPLE_SHARE_DEDUP: usize = 8;
-/// ...and this share when they sample plain, whose wire bytes cost most on a slow link.
+/// ...and this share when they sample plain, whose wire bytes cost most on a slow link (a LAN
+/// away, plain samples are as long as dedup ones: a short one's fixed costs made zstd -1 look
+/// half as fast as it is, and dedup won over loopback where it was 1.4 times slower).
 const SAMPLE_SHARE_PLAIN: usize = 32;
 /// ...but no less than this many bytes, so a sample still spans several chunks.
 const SAMPLE_MIN: usize = 64 << 10;
@@ -227,7 +229,8 @@ impl Sender {
         let size = self.cfg.segment_size;
         let share = match (way, sample) {
             (Way::Dedup, true) => SAMPLE_SHARE_DEDUP,
-            (Way::Plain, true) => SAMPLE_SHARE_PLAIN,
+            (Way::Plain, true) if !self.adaptive.lan() => SAMPLE_SHARE_PLAIN,
+            (Way::Plain, true) => SAMPLE_SHARE_DEDUP,
             (Way::Plain, false)
                 if self.cfg.mode == Mode::Adaptive && !self.adaptive.link_bound() =>
             {
