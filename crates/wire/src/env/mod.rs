@@ -693,30 +693,38 @@ impl Environment {
     }
 }
 
+/// Creates (or truncates) `path` holding `content`, fsynced, for reading and writing.
+fn write_new_file(path: &Path, content: &[u8]) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)?;
+    segment::write_all_at(&file, content, 0)?;
+    file.sync_all()?;
+    Ok(file)
+}
+
+/// What a failed file creation says of a full disk.
+fn full_disk_note(e: &io::Error) -> &'static str {
+    if e.kind() == io::ErrorKind::StorageFull {
+        " (the disk is full)"
+    } else {
+        ""
+    }
+}
+
 /// Creates segment `no` in `dir` holding only its header, durably (file and directory).
 fn create_segment(dir: &Path, no: u32) -> Result<Arc<Segment>, StoreError> {
     let path = dir.join(segment::file_name(no));
-    let made = (|| -> io::Result<File> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)?;
-        segment::write_all_at(&file, &segment::encode_header(no), 0)?;
-        file.sync_all()?;
-        segment::sync_dir(dir)?;
-        Ok(file)
-    })();
+    let made = write_new_file(&path, &segment::encode_header(no))
+        .and_then(|file| segment::sync_dir(dir).map(|()| file));
     match made {
         Ok(file) => Ok(Arc::new(Segment { no, path, file })),
         Err(e) => {
             let _ = fs::remove_file(&path);
-            let full = if e.kind() == io::ErrorKind::StorageFull {
-                " (the disk is full)"
-            } else {
-                ""
-            };
+            let full = full_disk_note(&e);
             Err(io_context(
                 e,
                 format!("cannot create segment {}{full}", path.display()),
@@ -729,19 +737,11 @@ fn create_segment(dir: &Path, no: u32) -> Result<Arc<Segment>, StoreError> {
 /// `sketches.tmp`, fsynced, then renamed over `sketches`.
 fn new_sketch_file(dir: &Path, content: &[u8]) -> Result<SketchLog, StoreError> {
     let tmp = dir.join(sketch::TMP_NAME);
-    let made = (|| -> io::Result<File> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
-        segment::write_all_at(&file, content, 0)?;
-        file.sync_all()?;
+    let made = write_new_file(&tmp, content).and_then(|file| {
         fs::rename(&tmp, dir.join(sketch::FILE_NAME))?;
         segment::sync_dir(dir)?;
         Ok(file)
-    })();
+    });
     match made {
         Ok(file) => Ok(SketchLog {
             file: Arc::new(file),
@@ -749,11 +749,7 @@ fn new_sketch_file(dir: &Path, content: &[u8]) -> Result<SketchLog, StoreError> 
         }),
         Err(e) => {
             let _ = fs::remove_file(&tmp);
-            let full = if e.kind() == io::ErrorKind::StorageFull {
-                " (the disk is full)"
-            } else {
-                ""
-            };
+            let full = full_disk_note(&e);
             Err(io_context(
                 e,
                 format!(
