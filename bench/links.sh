@@ -24,8 +24,9 @@
 #                 on a new connection per release, plain frames (no encryption), per mode in
 #                 MODES (default: adaptive dedup); the receiver's chunk Environment holds every
 #                 release it received before, the sender's (`--env`) every release it sent
-#                 and what it learnt of them (delta bases for the next); tar streams through the channel's io::Write on
-#                 the sender and io::Read on the receiver, into tar -x, as through nc
+#                 and what it learnt of them (delta bases for the next); tar streams through
+#                 the channel's io::Write on the sender and io::Read on the receiver, into
+#                 tar -x, as through nc
 #   dedupwire send  `dedupwire send SRC HOST:PORT:tree` onto `dedupwire serve`, release i-1's
 #                 tree already there (sent before the measurement, which also fills the
 #                 sender's cache of what it sent), encrypted with a fresh key

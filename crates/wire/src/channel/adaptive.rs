@@ -7,8 +7,8 @@
 //! pays its round trips: the shortest request-to-answer time, per level asked, divided by the
 //! window), the receiver's busy time (reported with each acknowledgement) and the wire bytes
 //! its frames took. Segments are pipelined, so a way's pace is set by the slowest of the two
-//! ends' work and its wire bytes over the link's rate; a LAN away, both ends' work adds up. The link's rate is
-//! the delivery rate of the last acknowledged segments (wire bytes per second of
+//! ends' work and its wire bytes over the link's rate; a LAN away, both ends' work adds up.
+//! The link's rate is the delivery rate of the last acknowledged segments (wire bytes per second of
 //! acknowledgements), which socket buffers cannot hide the way they hide blocked writes; it
 //! counts only while the sender has spent a good share of its time waiting for the other end
 //! and the receiver reports having been idle through it (otherwise the acknowledgements
@@ -19,9 +19,10 @@
 //! thirty-second when they sample plain, so that on a slow link measuring it costs little
 //! (probes are samples too; a LAN away, plain samples are an eighth too); after that dedup is
 //! used unless plain is [`PLAIN_MARGIN`] times faster (a LAN away, just faster), and the other
-//! way is probed every [`PROBE_EVERY`] segments, so a change in link speed or redundancy is noticed; the interval doubles (to
-//! [`PROBE_EVERY_MAX`]) while probes confirm the choice, except that dedup is probed every
-//! other segment while plain is chosen on a link-bound connection, where a probe is nearly free.
+//! way is probed every [`PROBE_EVERY`] segments, so a change in link speed or redundancy is
+//! noticed; the interval doubles (to [`PROBE_EVERY_MAX`]) while probes confirm the choice,
+//! except that dedup is probed every other segment while plain is chosen on a link-bound
+//! connection, where a probe is nearly free.
 //!
 //! Plain segments' zstd level adapts too: it steps down towards zstd's fast levels while the
 //! sender hardly waits for the other end and its own work is most of the time (its CPU is the
@@ -391,9 +392,10 @@ impl Adaptive {
     /// The current estimates (dedup, plain), message bytes per second; 0 when not yet known.
     pub(crate) fn rates(&self) -> (f64, f64) {
         let link = self.limiting(self.link_rate().unwrap_or(f64::INFINITY));
+        let lan = self.lan();
         (
-            self.dedup.map_or(0.0, |s| s.rate(link, self.lan())),
-            self.plain.map_or(0.0, |s| s.rate(link, self.lan())),
+            self.dedup.map_or(0.0, |s| s.rate(link, lan)),
+            self.plain.map_or(0.0, |s| s.rate(link, lan)),
         )
     }
 }

@@ -528,7 +528,6 @@ impl Receiver {
             return Ok(());
         }
         let s = self.segs.remove(&seg).expect("checked");
-        let busy = s.busy + self.frame_started.map_or(Duration::ZERO, |t| t.elapsed());
         for &(level, index) in &s.refined {
             let p = s.levels[level as usize][index as usize];
             let bytes = &s.buf[p.off..p.off + p.len];
@@ -541,6 +540,7 @@ impl Receiver {
             }
             self.store.put(&p.id, bytes)?;
         }
+        let busy = s.busy + self.frame_started.map_or(Duration::ZERO, |t| t.elapsed());
         let msg = self.msg.as_mut().expect("a segment belongs to a message");
         msg.finish(seg, s.buf);
         msg.open -= 1;

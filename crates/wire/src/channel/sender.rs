@@ -192,7 +192,12 @@ impl Sender {
     /// Notes that `id` follows `before` (and has `features`, unless empty), here and, where
     /// it is news, for the store.
     fn note(&mut self, id: ChunkId, before: Option<ChunkId>, features: &[u64]) {
-        let after = before.filter(|&b| self.successor.insert(b, id) != Some(id));
+        let mut after = None;
+        if let Some(b) = before {
+            if self.successor.insert(b, id) != Some(id) {
+                after = Some(b);
+            }
+        }
         if !features.is_empty() {
             self.index.insert(id, features);
         }
@@ -214,14 +219,19 @@ impl Sender {
         Ok(())
     }
 
-    /// The most message bytes the next segment takes (choosing how it travels, once): the
-    /// bytes to gather before sending it unless the message ends first.
-    pub(crate) fn next_cap(&mut self) -> usize {
+    /// How the next segment travels and whether it samples, chosen once until it is sent.
+    fn plan(&mut self) -> (Way, bool) {
         let adaptive = &mut self.adaptive;
-        let (way, sample) = *self.planned.get_or_insert_with(|| {
+        *self.planned.get_or_insert_with(|| {
             let way = adaptive.choose();
             (way, adaptive.sampling())
-        });
+        })
+    }
+
+    /// The most message bytes the next segment takes: the bytes to gather before sending it
+    /// unless the message ends first.
+    pub(crate) fn next_cap(&mut self) -> usize {
+        let (way, sample) = self.plan();
         self.cap(way, sample)
     }
 
@@ -282,8 +292,9 @@ impl Sender {
         let (way, sample) = if small || self.new_bytes {
             (Way::Plain, false)
         } else {
-            self.next_cap();
-            self.planned.take().unwrap_or((Way::Dedup, false))
+            let planned = self.plan();
+            self.planned = None;
+            planned
         };
         let cap = self.cap(way, sample);
         let last = last && data.len() <= cap;

@@ -324,6 +324,33 @@ fn write_at(space_left: &mut SpaceLeft, file: &File, buf: &[u8], off: u64) -> io
     }
 }
 
+/// Writes all of `buf` at `off` of `file`, the end of its valid data; if that fails, cuts the
+/// file back to `off` and returns an error saying what was being written (`what`), with
+/// whether the cut worked (if not, the stray bytes are a torn tail at the next open).
+fn write_or_cut(
+    space_left: &mut SpaceLeft,
+    file: &File,
+    buf: &[u8],
+    off: u64,
+    what: std::fmt::Arguments<'_>,
+) -> Result<(), (StoreError, bool)> {
+    let Err(e) = write_at(space_left, file, buf, off) else {
+        return Ok(());
+    };
+    let cut = file.set_len(off).is_ok();
+    let full = if e.kind() == io::ErrorKind::StorageFull {
+        " because the disk is full (free space or lower max_bytes)"
+    } else {
+        ""
+    };
+    let tail = if cut {
+        "; the partial write was removed"
+    } else {
+        "; the partial write will be cut off at the next open"
+    };
+    Err((io_context(e, format!("{what} failed{full}{tail}")), cut))
+}
+
 impl Environment {
     /// Opens (creating if needed) the environment in `dir`: takes its lock, verifies every
     /// segment and the sketch file, cuts off torn tails and rebuilds the index.
@@ -482,30 +509,21 @@ impl Environment {
         let mut buf = std::mem::take(&mut w.buf);
         buf.clear();
         segment::encode_record(&mut buf, w.active.no, off, id, data, sum);
-        let written = write_at(&mut w.space_left, &w.active.file, &buf, off);
+        let written = write_or_cut(
+            &mut w.space_left,
+            &w.active.file,
+            &buf,
+            off,
+            format_args!(
+                "environment {}: writing a chunk to {}",
+                self.dir.display(),
+                w.active.path.display()
+            ),
+        );
         w.buf = buf;
-        if let Err(e) = written {
-            let cut = w.active.file.set_len(off);
-            w.broken = cut.is_err();
-            let full = e.kind() == io::ErrorKind::StorageFull;
-            return Err(io_context(
-                e,
-                format!(
-                    "environment {}: writing a chunk to {} failed{}{}",
-                    self.dir.display(),
-                    w.active.path.display(),
-                    if full {
-                        " because the disk is full (free space or lower max_bytes)"
-                    } else {
-                        ""
-                    },
-                    if cut.is_ok() {
-                        "; the partial record was removed"
-                    } else {
-                        "; the partial record will be cut off at the next open"
-                    }
-                ),
-            ));
+        if let Err((e, cut)) = written {
+            w.broken = !cut;
+            return Err(e);
         }
         w.len += rec;
         let mut st = self.write();
@@ -1012,28 +1030,18 @@ impl ChunkStore for Environment {
             )));
         }
         let w = &mut *w;
-        if let Err(e) = write_at(&mut w.space_left, &w.sketches.file, &buf, off) {
-            let cut = w.sketches.file.set_len(off);
-            let full = e.kind() == io::ErrorKind::StorageFull;
-            return Err(io_context(
-                e,
-                format!(
-                    "environment {}: writing sketches to {} failed{}{}",
-                    self.dir.display(),
-                    path.display(),
-                    if full {
-                        " because the disk is full (free space or lower max_bytes)"
-                    } else {
-                        ""
-                    },
-                    if cut.is_ok() {
-                        "; the partial records were removed"
-                    } else {
-                        "; the partial records will be cut off at the next open"
-                    }
-                ),
-            ));
-        }
+        write_or_cut(
+            &mut w.space_left,
+            &w.sketches.file,
+            &buf,
+            off,
+            format_args!(
+                "environment {}: writing sketches to {}",
+                self.dir.display(),
+                path.display()
+            ),
+        )
+        .map_err(|(e, _)| e)?;
         w.sketches.len += buf.len() as u64;
         self.counters
             .sketch_bytes
