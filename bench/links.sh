@@ -35,7 +35,9 @@
 # handed them to the veth). Seconds: wall time from starting the sender until the receiver
 # has finished (extracted; receiving files in tmpfs). Slow links take fewer transfers (MAX_11, MAX_3
 # transfers per series at 11 and 3 Mbit/s, default 2 and 1) and only SLOW_WORKLOADS at
-# 3 Mbit/s (default: crates npm). Tables on stdout, JSON in target/bench-out/links.json.
+# 3 Mbit/s (default: crates npm). PEERS picks the peers run (default: nc zstd rsync channel
+# cli; a subset is for development, its ratios need rsync and zstd in it). Tables on stdout,
+# JSON in target/bench-out/links.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -44,6 +46,8 @@ LINKS=${LINKS:-"0 30 11 3"}
 WORKLOADS=${WORKLOADS:-"django npm crates binary"}
 SLOW_WORKLOADS=${SLOW_WORKLOADS:-"crates npm"}
 MODES=${MODES:-"adaptive dedup"}
+PEERS=${PEERS:-"nc zstd rsync channel cli"}
+peer() { [[ " $PEERS " == *" $1 "* ]]; }
 DELAY_MS=${DELAY_MS:-20}
 MAX_11=${MAX_11:-2}
 MAX_3=${MAX_3:-1}
@@ -160,7 +164,7 @@ run() {
   done
   local cli=0
   # --- dedupwire send/serve (the CLI): a peer row once the binary has these subcommands ---
-  if [ -x "$dw" ] && "$dw" serve --help >/dev/null 2>&1; then
+  if peer cli && [ -x "$dw" ] && "$dw" serve --help >/dev/null 2>&1; then
     cli=1
     # Encrypted, as the CLI is by default (a fresh key for the run); the sender's cache of
     # what it sent (delta bases) in the run's own directory, filled by release 0's send.
@@ -173,27 +177,34 @@ run() {
   wait_port 8730
   local i
   for ((i = 1; i < n; i++)); do
-    local src=${releases[$i]} rel size b0 t0
+    local src=${releases[$i]} rel size b0 t0 p
     rel=$(basename "$src")
     size=$(tar --sort=name -cf - -C "$src" . | wc -c)
     # tar | nc
-    rm -rf "$r/x"; mkdir -p "$r/x"
-    in_rcv sh -c "nc -l $RCV $port </dev/null | tar -xf - -C '$r/x'" & local p=$!
-    wait_port $port; b0=$(wire); t0=$(now)
-    in_snd sh -c "tar --sort=name -cf - -C '$src' . | nc -N $RCV $port"; wait $p
-    record "$mbit" "$wl" "$rel" "tar|nc" $(($(wire) - b0)) "$t0" "$(now)" "$size"
+    if peer nc; then
+      rm -rf "$r/x"; mkdir -p "$r/x"
+      in_rcv sh -c "nc -l $RCV $port </dev/null | tar -xf - -C '$r/x'" & p=$!
+      wait_port $port; b0=$(wire); t0=$(now)
+      in_snd sh -c "tar --sort=name -cf - -C '$src' . | nc -N $RCV $port"; wait $p
+      record "$mbit" "$wl" "$rel" "tar|nc" $(($(wire) - b0)) "$t0" "$(now)" "$size"
+    fi
     # tar | zstd -3
-    rm -rf "$r/x"; mkdir -p "$r/x"
-    in_rcv sh -c "nc -l $RCV $port </dev/null | zstd -q -d | tar -xf - -C '$r/x'" & p=$!
-    wait_port $port; b0=$(wire); t0=$(now)
-    in_snd sh -c "tar --sort=name -cf - -C '$src' . | zstd -q -3 | nc -N $RCV $port"; wait $p
-    record "$mbit" "$wl" "$rel" "tar|zstd" $(($(wire) - b0)) "$t0" "$(now)" "$size"
+    if peer zstd; then
+      rm -rf "$r/x"; mkdir -p "$r/x"
+      in_rcv sh -c "nc -l $RCV $port </dev/null | zstd -q -d | tar -xf - -C '$r/x'" & p=$!
+      wait_port $port; b0=$(wire); t0=$(now)
+      in_snd sh -c "tar --sort=name -cf - -C '$src' . | zstd -q -3 | nc -N $RCV $port"; wait $p
+      record "$mbit" "$wl" "$rel" "tar|zstd" $(($(wire) - b0)) "$t0" "$(now)" "$size"
+    fi
     # rsync -z onto release i-1
-    b0=$(wire); t0=$(now)
-    in_snd rsync -az --no-whole-file --delete "$src/" "rsync://$RCV:8730/dst/tree/"
-    record "$mbit" "$wl" "$rel" "rsync -z" $(($(wire) - b0)) "$t0" "$(now)" "$size"
+    if peer rsync; then
+      b0=$(wire); t0=$(now)
+      in_snd rsync -az --no-whole-file --delete "$src/" "rsync://$RCV:8730/dst/tree/"
+      record "$mbit" "$wl" "$rel" "rsync -z" $(($(wire) - b0)) "$t0" "$(now)" "$size"
+    fi
     # the dedup channel, each mode with its own environment
     for m in $MODES; do
+      peer channel || break
       rm -rf "$r/x"; mkdir -p "$r/x"
       in_rcv sh -c "'$bench' channel-recv --listen $RCV:$port --env '$r/env/$m' --mode $m --ready '$r/ready' --stream | tar -xf - -C '$r/x'" &
       p=$!

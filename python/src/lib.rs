@@ -458,6 +458,7 @@ fn stats_dict<'py>(py: Python<'py>, s: &ChannelStats) -> PyResult<Bound<'py, PyD
         ("bytes_plain", s.bytes_plain),
         ("segments_kept", s.segments_kept),
         ("segments_dedup", s.segments_dedup),
+        ("plain_estimates", s.plain_estimates),
         ("round_trips", s.round_trips),
         ("chunks_needed", s.chunks_needed),
         ("chunks_resent", s.chunks_resent),

@@ -201,6 +201,7 @@ pub fn send(args: &SendArgs) -> Result<()> {
         "chunks_literal": st.chunks_literal,
         "round_trips": st.round_trips,
         "segments_kept": st.segments_kept,
+        "plain_estimates": st.plain_estimates,
         "bytes_plain": st.bytes_plain,
         "dedup_rate": st.dedup_rate,
         "plain_rate": st.plain_rate,

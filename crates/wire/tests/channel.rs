@@ -7,6 +7,7 @@ use std::net::TcpStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
+use std::time::{Duration, Instant};
 
 use dedupwire_engine::chunk::ChunkerSpec;
 use dedupwire_wire::channel::protocol::{self, EntryRef, Message, MessageEnd};
@@ -632,6 +633,89 @@ fn adaptive_mode_sends_random_data_plain_over_loopback() {
         st.segments_dedup,
         st.dedup_rate,
         st.plain_rate
+    );
+}
+
+/// A relay on loopback that holds every byte `delay` in each direction before passing it on:
+/// a WAN's round trip without a WAN. Returns the address to connect to instead of `target`.
+fn delayed_relay(target: std::net::SocketAddr, delay: Duration) -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    thread::spawn(move || {
+        let (near, _) = listener.accept().unwrap();
+        let far = TcpStream::connect(target).unwrap();
+        for (from, to) in [
+            (near.try_clone().unwrap(), far.try_clone().unwrap()),
+            (far, near),
+        ] {
+            let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
+            let mut from = from;
+            thread::spawn(move || {
+                let mut buf = vec![0u8; 64 << 10];
+                loop {
+                    match from.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if tx
+                                .send((Instant::now() + delay, buf[..n].to_vec()))
+                                .is_err()
+                            {
+                                break;
+                            }
+                        }
+                    }
+                }
+            });
+            let mut to = to;
+            thread::spawn(move || {
+                for (due, bytes) in rx {
+                    thread::sleep(due.saturating_duration_since(Instant::now()));
+                    if to.write_all(&bytes).is_err() {
+                        return;
+                    }
+                }
+                let _ = to.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_wan_away_the_adaptive_mode_samples_plain_without_sending_it() {
+    let mut c = small_segments(ChannelConfig::default());
+    c.mode = Mode::Adaptive;
+    let base = structured(2 << 20, 80);
+    let mut edited = base.clone();
+    for at in (0..edited.len()).step_by(300_000) {
+        edited[at..at + 64].copy_from_slice(&random(64, at as u64));
+    }
+    let messages = vec![base, edited, random(1 << 20, 81)];
+    let expect = messages.clone();
+    let listener = DedupListener::bind(
+        "127.0.0.1:0",
+        keyed(),
+        Arc::new(MemoryStore::new()),
+        c.clone(),
+    )
+    .unwrap();
+    let relay = delayed_relay(listener.local_addr().unwrap(), Duration::from_millis(3));
+    let h = thread::spawn(move || {
+        let mut s = listener.accept().unwrap();
+        for m in &expect {
+            assert_eq!(&s.recv().unwrap(), m);
+        }
+    });
+    let mut s = DedupStream::connect(relay, keyed(), Arc::new(MemoryStore::new()), c).unwrap();
+    for m in &messages {
+        s.send(m).unwrap();
+    }
+    let st = s.stats();
+    s.close().unwrap();
+    h.join().unwrap();
+    assert!(
+        st.plain_estimates > 0,
+        "6 ms away, plain is sampled dry: {st:?}"
     );
 }
 

@@ -20,7 +20,7 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dedupwire_engine::compress::Compressor;
+use dedupwire_engine::compress::{Compression, Compressor};
 use dedupwire_engine::delta::{DeltaCodec, Sampled};
 use dedupwire_engine::similarity::{select_source, CandidateIndex, SuperFeatureConfig};
 
@@ -77,6 +77,10 @@ const SAMPLE_MIN: usize = 64 << 10;
 /// compressed bytes than 8 MiB segments at zstd -3; where the link bounds them, segments
 /// stay whole and compress best.
 const PLAIN_SHARE_FAST: usize = 4;
+
+/// A plain segment's bytes on the socket beside its compressed body: the frame's header and
+/// trailer, the segment number, flags, method and length.
+const PLAIN_HEADER: usize = crate::frame::OVERHEAD + 15;
 
 #[derive(Debug, Clone, Copy)]
 struct Piece {
@@ -139,9 +143,19 @@ pub(crate) struct Sender {
     learnt: Vec<Sketch>,
     /// Chunks asked for again on this connection.
     needs: usize,
-    /// How the next segment travels (and whether it samples), chosen before its bytes are
-    /// all gathered so that they wait only for as many as it takes.
-    planned: Option<(Way, bool)>,
+    /// How the next segment travels, chosen before its bytes are all gathered so that they
+    /// wait only for as many as it takes.
+    planned: Option<Plan>,
+}
+
+/// How one segment travels.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    way: Way,
+    /// It samples its way: it is short (see [`Sender::cap`]).
+    sample: bool,
+    /// It goes with dedup and samples plain dry (see `Adaptive::estimate_plain`).
+    dry: bool,
 }
 
 impl Sender {
@@ -219,20 +233,21 @@ impl Sender {
         Ok(())
     }
 
-    /// How the next segment travels and whether it samples, chosen once until it is sent.
-    fn plan(&mut self) -> (Way, bool) {
+    /// How the next segment travels, chosen once until it is sent.
+    fn plan(&mut self) -> Plan {
         let adaptive = &mut self.adaptive;
-        *self.planned.get_or_insert_with(|| {
-            let way = adaptive.choose();
-            (way, adaptive.sampling())
+        *self.planned.get_or_insert_with(|| Plan {
+            way: adaptive.choose(),
+            sample: adaptive.sampling(),
+            dry: adaptive.dry_plain(),
         })
     }
 
     /// The most message bytes the next segment takes: the bytes to gather before sending it
     /// unless the message ends first.
     pub(crate) fn next_cap(&mut self) -> usize {
-        let (way, sample) = self.plan();
-        self.cap(way, sample)
+        let plan = self.plan();
+        self.cap(plan.way, plan.sample)
     }
 
     fn cap(&self, way: Way, sample: bool) -> usize {
@@ -287,14 +302,19 @@ impl Sender {
     ) -> Result<usize> {
         let started = Instant::now();
         let (writes0, wire0) = (link.write_time, link.bytes_written());
-        let mut learning = Duration::ZERO;
+        // Time spent on this segment that is not what sending it its way costs.
+        let mut aside = Duration::ZERO;
         let small = last && !self.open && data.len() < SMALL_MESSAGE;
-        let (way, sample) = if small || self.new_bytes {
-            (Way::Plain, false)
+        let Plan { way, sample, dry } = if small || self.new_bytes {
+            Plan {
+                way: Way::Plain,
+                sample: false,
+                dry: false,
+            }
         } else {
-            let planned = self.plan();
+            let plan = self.plan();
             self.planned = None;
-            planned
+            plan
         };
         let cap = self.cap(way, sample);
         let last = last && data.len() <= cap;
@@ -324,10 +344,7 @@ impl Sender {
         self.next_seg += 1;
         let (levels, awaiting) = match way {
             Way::Plain => {
-                if let Some(level) = self.adaptive.plain_level() {
-                    self.plain_compressor.set_zstd_level(level);
-                    stats.plain_level = Some(level);
-                }
+                self.set_plain_level(stats);
                 let body = self.plain_compressor.compress(&bytes);
                 let keep = if self.new_bytes {
                     false
@@ -348,7 +365,7 @@ impl Sender {
                     let t = Instant::now();
                     self.learn(&bytes)?;
                     if self.adaptive.warming_up() {
-                        learning = t.elapsed();
+                        aside = t.elapsed();
                     }
                     stats.segments_kept += 1;
                 }
@@ -357,6 +374,11 @@ impl Sender {
                 (Vec::new(), Await::Ack)
             }
             Way::Dedup => {
+                if dry {
+                    let t = Instant::now();
+                    self.sample_plain_dry(stats, &bytes);
+                    aside = t.elapsed();
+                }
                 let mut pieces = Vec::with_capacity(lens.len());
                 let mut off = 0;
                 for len in lens {
@@ -383,8 +405,9 @@ impl Sender {
                 way,
                 asked: Instant::now(),
                 // Indexing a plain segment kept only because the link is not known yet is
-                // a bet on later segments, not what sending plain costs.
-                busy: started.elapsed().saturating_sub(learning),
+                // a bet on later segments, not what sending plain costs; a dry plain sample
+                // is not what sending dedup costs.
+                busy: started.elapsed().saturating_sub(aside),
                 writes: link.write_time - writes0,
                 wire: link.bytes_written() - wire0,
                 awaiting,
@@ -392,6 +415,40 @@ impl Sender {
             },
         );
         Ok(take)
+    }
+
+    /// Moves the plain compressor to the adaptive mode's current level, if it adapts.
+    fn set_plain_level(&mut self, stats: &mut ChannelStats) {
+        if let Some(level) = self.adaptive.plain_level() {
+            self.plain_compressor.set_zstd_level(level);
+            stats.plain_level = Some(level);
+        }
+    }
+
+    /// Times compressing the start of a dedup segment's `bytes` as a plain sample would be,
+    /// and decompressing it (the receiver's share), without sending it.
+    fn sample_plain_dry(&mut self, stats: &mut ChannelStats, bytes: &[u8]) {
+        let n = self.cap(Way::Plain, true).min(bytes.len());
+        self.set_plain_level(stats);
+        let t = Instant::now();
+        let body = self.plain_compressor.compress(&bytes[..n]);
+        let cpu = t.elapsed();
+        let t = Instant::now();
+        let unpacked = Compression::decompress(self.cfg.compression.tag(), &body, n);
+        let unpack = t.elapsed();
+        if unpacked.is_err() {
+            return;
+        }
+        self.adaptive.estimate_plain(
+            Cost {
+                bytes: n,
+                cpu,
+                wire: (body.len() + PLAIN_HEADER) as u64,
+                round_trips: 0,
+            },
+            unpack,
+        );
+        stats.plain_estimates += 1;
     }
 
     /// Indexes a plain segment's chunks as if they had been sent with dedup (the receiver

@@ -38,6 +38,9 @@ pub struct ChannelStats {
     pub segments_kept: u64,
     /// Segments sent with dedup.
     pub segments_dedup: u64,
+    /// Plain samples the adaptive mode measured without sending them (a WAN away): the
+    /// start of a dedup segment compressed and decompressed here only to time it.
+    pub plain_estimates: u64,
     /// Request/have exchanges (one per segment and level).
     pub round_trips: u64,
     /// Chunks this end asked for again (evicted after being claimed, or a lost delta base).
