@@ -452,6 +452,7 @@ fn stats_dict<'py>(py: Python<'py>, s: &ChannelStats) -> PyResult<Bound<'py, PyD
         ("bytes_hit", s.bytes_hit),
         ("chunks_delta", s.chunks_delta),
         ("bytes_delta", s.bytes_delta),
+        ("chunks_zdelta", s.chunks_zdelta),
         ("chunks_literal", s.chunks_literal),
         ("bytes_literal", s.bytes_literal),
         ("segments_plain", s.segments_plain),

@@ -198,6 +198,7 @@ pub fn send(args: &SendArgs) -> Result<()> {
         "segments_plain": st.segments_plain,
         "chunks_hit": st.chunks_hit,
         "chunks_delta": st.chunks_delta,
+        "chunks_zdelta": st.chunks_zdelta,
         "chunks_literal": st.chunks_literal,
         "round_trips": st.round_trips,
         "segments_kept": st.segments_kept,

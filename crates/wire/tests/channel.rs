@@ -125,6 +125,7 @@ fn send_all(config: ChannelConfig, messages: Vec<Vec<u8>>) -> Vec<ChannelStats> 
                 let mut d = now.clone();
                 d.socket_bytes_sent -= before.socket_bytes_sent;
                 d.chunks_delta -= before.chunks_delta;
+                d.chunks_zdelta -= before.chunks_zdelta;
                 d.chunks_hit -= before.chunks_hit;
                 d.chunks_literal -= before.chunks_literal;
                 d.bytes_literal -= before.bytes_literal;
@@ -247,6 +248,68 @@ fn a_slightly_changed_chunk_travels_as_a_delta() {
         "{:?}",
         stats[1].socket_bytes_sent
     );
+}
+
+/// Bytes shaped like a shared library: code-like random runs between runs of zeros.
+fn binary(n: usize, seed: u64) -> Vec<u8> {
+    let mut b = random(n, seed);
+    for (i, x) in b.iter_mut().enumerate() {
+        if i % 4096 < 1024 {
+            *x = 0;
+        }
+    }
+    b
+}
+
+/// `b` relinked: two bytes of every 128 (an address) moved by the same amount.
+fn relinked(b: &[u8]) -> Vec<u8> {
+    let mut out = b.to_vec();
+    for at in (1100..out.len() - 2).step_by(128) {
+        let v = u16::from_le_bytes([out[at], out[at + 1]]).wrapping_add(0x40);
+        out[at..at + 2].copy_from_slice(&v.to_le_bytes());
+    }
+    out
+}
+
+#[test]
+fn a_relinked_binary_travels_as_zstd_deltas_even_to_a_forgetful_receiver() {
+    let first = binary(2 << 20, 90);
+    let second = relinked(&first);
+    let stats = send_all(dedup_config(), vec![first.clone(), second.clone()]);
+    assert!(stats[1].chunks_zdelta > 0, "{:?}", stats[1]);
+    assert!(
+        stats[1].socket_bytes_sent < (2 << 20) / 5,
+        "{:?}",
+        stats[1].socket_bytes_sent
+    );
+
+    let store = Arc::new(Forgetful {
+        inner: MemoryStore::new(),
+        forget: AtomicUsize::new(0),
+    });
+    let server_store = store.clone();
+    let (e1, e2) = (first.clone(), second.clone());
+    let (server_stats, client_stats) = pair(
+        dedup_config(),
+        dedup_config(),
+        store,
+        move |mut s| {
+            assert_eq!(s.recv().unwrap(), e1);
+            server_store.forget.store(usize::MAX, Ordering::SeqCst);
+            assert_eq!(s.recv().unwrap(), e2);
+            s.stats()
+        },
+        |mut c| {
+            c.send(&first).unwrap();
+            c.send(&second).unwrap();
+            let st = c.stats();
+            c.close().unwrap();
+            st
+        },
+    );
+    assert!(client_stats.chunks_zdelta > 0, "{client_stats:?}");
+    assert!(server_stats.chunks_needed > 0, "{server_stats:?}");
+    assert_eq!(client_stats.chunks_resent, server_stats.chunks_needed);
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! The channel's messages and their byte layout (`dedupwire-channel` version 1).
+//! The channel's messages and their byte layout (`dedupwire-channel` versions 1 and 2; version
+//! 2 adds DATA entries that are zstd deltas against one or two chunks).
 //!
 //! ```text
 //! sender     REQUEST 0x20  a segment's chunk ids at one level
@@ -47,8 +48,14 @@ pub const DATA_FRAME: usize = 4 << 20;
 
 /// The protocol name in the hello.
 pub const PROTOCOL: &str = "dedupwire-channel";
-/// The protocol version this build speaks.
-pub const VERSION: u16 = 1;
+/// The newest protocol version this build speaks.
+pub const VERSION: u16 = 2;
+/// The oldest protocol version this build speaks: a version-1 peer gets no zstd deltas.
+pub const MIN_VERSION: u16 = 1;
+/// The first version with zstd deltas ([`Entry::ZDelta`]).
+pub const ZDELTA_VERSION: u16 = 2;
+/// The most chunks a zstd delta's source joins.
+pub const MAX_ZDELTA_BASES: usize = 2;
 
 /// Where a message ends: its total length and BLAKE3 hash, carried by its last segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +75,15 @@ pub enum Entry {
     Delta {
         /// The base chunk's id.
         base: ChunkId,
+        /// The delta bytes.
+        delta: Vec<u8>,
+    },
+    /// A delta (engine `ZstdRef` format: zstd with the source as its prefix) against the
+    /// concatenation of chunks the receiver holds, in order (version 2): on binaries, whose
+    /// changes are many small ones, it is smaller than a copy/insert delta compressed.
+    ZDelta {
+        /// The base chunks' ids, 1 to [`MAX_ZDELTA_BASES`].
+        bases: Vec<ChunkId>,
         /// The delta bytes.
         delta: Vec<u8>,
     },
@@ -375,6 +391,9 @@ fn put_flags(out: &mut Vec<u8>, end: &Option<MessageEnd>, keep: bool) {
 /// ```text
 /// entry = 0x00 len:varint bytes            a literal chunk
 ///       | 0x01 base:id_len bytes len:varint delta   a delta against chunk `base`
+///       | 0x02 n:u8 n*(base:id_len bytes) len:varint delta
+///                                           a zstd delta against the n bases joined
+///                                           (version 2; 1 <= n <= MAX_ZDELTA_BASES)
 /// ```
 pub fn encode_entries<'a>(
     entries: impl IntoIterator<Item = EntryRef<'a>>,
@@ -393,6 +412,8 @@ pub enum EntryRef<'a> {
     Literal(&'a [u8]),
     /// A delta against `base`.
     Delta(&'a ChunkId, &'a [u8]),
+    /// A zstd delta against `bases` joined.
+    ZDelta(&'a [ChunkId], &'a [u8]),
 }
 
 impl EntryRef<'_> {
@@ -407,6 +428,15 @@ impl EntryRef<'_> {
             EntryRef::Delta(base, d) => {
                 out.push(1);
                 out.extend_from_slice(&base.0[..id_len]);
+                varint::put(out, d.len() as u64);
+                out.extend_from_slice(d);
+            }
+            EntryRef::ZDelta(bases, d) => {
+                out.push(2);
+                out.push(bases.len() as u8);
+                for b in *bases {
+                    out.extend_from_slice(&b.0[..id_len]);
+                }
                 varint::put(out, d.len() as u64);
                 out.extend_from_slice(d);
             }
@@ -431,6 +461,25 @@ pub fn decode_entries(body: &[u8], limits: &Limits) -> Result<Vec<Entry>> {
                 let len = r.len(limits.max_segment)?;
                 out.push(Entry::Delta {
                     base: ChunkId(id),
+                    delta: r.take(len)?.to_vec(),
+                });
+            }
+            2 => {
+                let n = r.u8()? as usize;
+                if !(1..=MAX_ZDELTA_BASES).contains(&n) {
+                    return Err(r.bad(&format!(
+                        "a zstd delta names {n} bases; 1..={MAX_ZDELTA_BASES} are possible"
+                    )));
+                }
+                let mut bases = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let mut id = [0u8; 32];
+                    id[..id_len].copy_from_slice(r.take(id_len)?);
+                    bases.push(ChunkId(id));
+                }
+                let len = r.len(limits.max_segment)?;
+                out.push(Entry::ZDelta {
+                    bases,
                     delta: r.take(len)?.to_vec(),
                 });
             }
@@ -640,20 +689,30 @@ mod tests {
         fn entries_round_trip(lits in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..8)) {
             let mut buf = Vec::new();
             let base = id(7);
+            let pair = [id(8), id(9)];
             for (i, l) in lits.iter().enumerate() {
-                let e = if i % 2 == 0 { EntryRef::Literal(l) } else { EntryRef::Delta(&base, l) };
+                let e = match i % 4 {
+                    0 => EntryRef::Literal(l),
+                    1 => EntryRef::Delta(&base, l),
+                    2 => EntryRef::ZDelta(&pair[..1], l),
+                    _ => EntryRef::ZDelta(&pair, l),
+                };
                 e.encode(16, &mut buf);
             }
             let limits = Limits { id_len: 16, max_segment: 1 << 20 };
             let back = decode_entries(&buf, &limits).unwrap();
             prop_assert_eq!(back.len(), lits.len());
+            let short = |c: &ChunkId| {
+                let mut b = [0u8; 32];
+                b[..16].copy_from_slice(&c.0[..16]);
+                ChunkId(b)
+            };
             for (i, (e, l)) in back.iter().zip(&lits).enumerate() {
-                let want = if i % 2 == 0 {
-                    Entry::Literal(l.clone())
-                } else {
-                    let mut b = [0u8; 32];
-                    b[..16].copy_from_slice(&base.0[..16]);
-                    Entry::Delta { base: ChunkId(b), delta: l.clone() }
+                let want = match i % 4 {
+                    0 => Entry::Literal(l.clone()),
+                    1 => Entry::Delta { base: short(&base), delta: l.clone() },
+                    2 => Entry::ZDelta { bases: vec![short(&pair[0])], delta: l.clone() },
+                    _ => Entry::ZDelta { bases: pair.iter().map(short).collect(), delta: l.clone() },
                 };
                 prop_assert_eq!(e, &want);
             }
@@ -683,6 +742,28 @@ mod tests {
             max_segment: 1 << 20,
         };
         assert_eq!(Message::decode(REQUEST, &buf, &limits).unwrap().unwrap(), m);
+    }
+
+    #[test]
+    fn a_zstd_delta_names_one_or_two_bases() {
+        let limits = Limits {
+            id_len: 16,
+            max_segment: 1 << 20,
+        };
+        for n in [0u8, 3, 255] {
+            let mut body = vec![2, n];
+            body.extend_from_slice(&[7; 16 * 3]);
+            body.push(0);
+            let e = decode_entries(&body, &limits).unwrap_err().to_string();
+            assert!(e.contains("bases"), "{n}: {e}");
+        }
+        let mut body = Vec::new();
+        EntryRef::ZDelta(&[id(1), id(2)], b"xyz").encode(16, &mut body);
+        assert_eq!(body.len(), 1 + 1 + 2 * 16 + 1 + 3);
+        assert!(
+            decode_entries(&body[..body.len() - 1], &limits).is_err(),
+            "cut short"
+        );
     }
 
     #[test]

@@ -12,11 +12,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dedupwire_engine::compress::Compression;
-use dedupwire_engine::delta::{DeltaCodec, Sampled};
+use dedupwire_engine::delta::{DeltaCodec, Sampled, ZstdRef};
 
 use super::config::ChannelConfig;
 use super::link::Link;
 use super::protocol::{decode_entries, Entry, Message, MessageEnd};
+use super::sender::ZDELTA_LEVEL;
 use super::stats::ChannelStats;
 use crate::error::{Error, Result};
 use crate::store::{ChunkId, ChunkStore};
@@ -409,6 +410,28 @@ impl Receiver {
                         self.fill(seg, level, index, &out)?;
                     }
                 },
+                Entry::ZDelta { bases, delta } => {
+                    let mut src = Vec::new();
+                    let mut held = true;
+                    for b in &bases {
+                        match self.store.get(b)? {
+                            Some(bytes) => src.extend_from_slice(&bytes),
+                            None => {
+                                held = false;
+                                break;
+                            }
+                        }
+                    }
+                    if !held {
+                        wants.push((level, index));
+                        continue;
+                    }
+                    let mut out = Vec::with_capacity(len);
+                    ZstdRef::new(ZDELTA_LEVEL)
+                        .decode(&src, &delta, len, &mut out)
+                        .map_err(|e| protocol(format!("zstd delta for segment {seg}: {e}")))?;
+                    self.fill(seg, level, index, &out)?;
+                }
             }
         }
         self.need(link, stats, seg, wants)?;

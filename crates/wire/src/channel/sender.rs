@@ -14,6 +14,16 @@
 //! dedup segment: a release sent yesterday is a delta base today, as on one long connection
 //! (Django 4.2.2's tar after 4.2.1's on a new connection: 6.5 MB on the socket without that
 //! memory, 0.6 MB on one connection). A base the receiver no longer holds costs a NEED.
+//!
+//! A changed chunk holding a NUL byte (a binary, or a tar header) is also tried as a zstd
+//! delta against its base and the chunk that followed the base last time (protocol version
+//! 2): a rebuilt shared library differs from its old version in many small places, which a
+//! copy/insert delta pays for in short copies and literals, and an edit that moved the chunk's
+//! boundaries finds the rest of its bytes in the base's successor. It is sent when it is
+//! smaller than what the DATA frame's compression is expected to make of the copy/insert
+//! delta or the literal, unless the base is in the same frame (the frame's compression sees
+//! it then). pyarrow 14.0.2's tar after 14.0.1's, on one connection: 9.1 MB instead of
+//! 11.9 (Django 4.2.2's after 4.2.1's: 0.58 MB instead of 0.62).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
@@ -21,7 +31,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dedupwire_engine::compress::{Compression, Compressor};
-use dedupwire_engine::delta::{DeltaCodec, Sampled};
+use dedupwire_engine::delta::{DeltaCodec, Sampled, ZstdRef};
 use dedupwire_engine::similarity::{select_source, CandidateIndex, SuperFeatureConfig};
 
 use super::adaptive::{Adaptive, Cost, Way};
@@ -77,6 +87,14 @@ const SAMPLE_MIN: usize = 64 << 10;
 /// compressed bytes than 8 MiB segments at zstd -3; where the link bounds them, segments
 /// stay whole and compress best.
 const PLAIN_SHARE_FAST: usize = 4;
+
+/// zstd's level for zstd deltas (see [`EntryRef::ZDelta`]).
+pub(crate) const ZDELTA_LEVEL: i32 = 3;
+
+/// A zstd delta is sent only when it is below this share of what the DATA frame's
+/// compression is expected to make of the copy/insert delta or the literal: that expectation
+/// is an average, and a frame compresses a chunk better when similar ones share it.
+const ZDELTA_MARGIN: f64 = 0.9;
 
 /// A plain segment's bytes on the socket beside its compressed body: the frame's header and
 /// trailer, the segment number, flags, method and length.
@@ -146,6 +164,8 @@ pub(crate) struct Sender {
     /// How the next segment travels, chosen before its bytes are all gathered so that they
     /// wait only for as many as it takes.
     planned: Option<Plan>,
+    /// Whether the peer takes zstd deltas (protocol version 2).
+    pub(crate) zdelta: bool,
 }
 
 /// How one segment travels.
@@ -181,6 +201,7 @@ impl Sender {
             codec: Sampled::default(),
             new_bytes: false,
             planned: None,
+            zdelta: false,
             recalled: false,
             learnt: Vec::new(),
             needs: 0,
@@ -573,6 +594,11 @@ impl Sender {
         let mut body = Vec::new();
         let mut sfs = Vec::new();
         let mut delta = Vec::new();
+        let mut zdelta = Vec::new();
+        // Bytes of zstd deltas in `body`, which its compression leaves as they are.
+        let mut zbytes = 0;
+        // Chunks in `body`: a base among them is in the frame's compression window already.
+        let mut batch = std::collections::HashSet::new();
         let mut missing = missing.iter().copied().peekable();
         let mut anchor: Option<ChunkId> = None;
         let mut prev: Option<ChunkId> = None;
@@ -585,19 +611,21 @@ impl Sender {
             }
             let chunk = &data[p.off..p.off + p.len];
             let mut base_used = None;
+            let mut zbases: Vec<ChunkId> = Vec::new();
             sfs.clear();
             if self.cfg.delta && p.len >= MIN_DELTA_LEN {
                 self.sf.super_features_into(chunk, &mut sfs);
                 let mut found = self.index.lookup(&sfs);
                 found.retain(|c| c.id != p.id);
                 let similar = select_source(&found, |_| false);
-                let next_to_anchor = anchor.and_then(|a| self.successor.get(&a).copied());
+                let next_to_anchor = anchor
+                    .and_then(|a| self.successor.get(&a).copied())
+                    .filter(|n| *n != p.id);
                 let keep = self.ratio.clamp(0.5, 1.0 - DELTA_MIN_SAVING);
                 let limit = ((p.len as f64 * keep) as usize).saturating_sub(id_len);
                 for base in [similar, next_to_anchor.filter(|n| Some(*n) != similar)]
                     .into_iter()
                     .flatten()
-                    .filter(|b| *b != p.id)
                 {
                     let Some(src) = self.store.get(&base)? else {
                         continue;
@@ -609,9 +637,37 @@ impl Sender {
                         break;
                     }
                 }
+                let zbase = similar.or(next_to_anchor);
+                let in_batch = |b: &ChunkId| batch.contains(b);
+                if let Some(zbase) =
+                    zbase.filter(|b| self.zdelta && chunk.contains(&0) && !in_batch(b))
+                {
+                    // What the DATA frame's compression is expected to make of the delta
+                    // (or the literal): zstd deltas are compressed already.
+                    let expected = if base_used.is_some() {
+                        delta.len()
+                    } else {
+                        p.len
+                    };
+                    let expected = (expected as f64 * self.ratio * ZDELTA_MARGIN) as usize;
+                    self.zdelta_against(zbase, p.id, chunk, &mut zbases, &mut zdelta)?;
+                    if !zbases.is_empty() && zdelta.len() + zbases.len() * id_len < expected {
+                        base_used = Some(zbase);
+                        std::mem::swap(&mut delta, &mut zdelta);
+                    } else {
+                        zbases.clear();
+                    }
+                }
             }
             self.note(p.id, before, &sfs);
             match base_used {
+                Some(_) if !zbases.is_empty() => {
+                    EntryRef::ZDelta(&zbases, &delta).encode(id_len, &mut body);
+                    zbytes += delta.len();
+                    stats.chunks_delta += 1;
+                    stats.chunks_zdelta += 1;
+                    stats.bytes_delta += p.len as u64;
+                }
                 Some(base) => {
                     EntryRef::Delta(&base, &delta).encode(id_len, &mut body);
                     stats.chunks_delta += 1;
@@ -623,16 +679,48 @@ impl Sender {
                     stats.bytes_literal += p.len as u64;
                 }
             }
+            batch.insert(p.id);
             anchor = base_used;
             self.store.put(&p.id, chunk)?;
             if body.len() >= DATA_FRAME {
-                self.flush_data(link, seg, &mut body)?;
+                self.flush_data(link, seg, &mut body, std::mem::take(&mut zbytes))?;
+                batch.clear();
             }
         }
         if !body.is_empty() {
-            self.flush_data(link, seg, &mut body)?;
+            self.flush_data(link, seg, &mut body, zbytes)?;
         }
         self.tell_store()
+    }
+
+    /// A zstd delta of `chunk` (id `id`) against `base` and, where the store holds it, the
+    /// chunk that followed `base` last time (an edit that moved the chunk's boundaries finds
+    /// the rest of its bytes there); `bases` gets what it was made against, left empty when
+    /// the store lacks `base`.
+    fn zdelta_against(
+        &self,
+        base: ChunkId,
+        id: ChunkId,
+        chunk: &[u8],
+        bases: &mut Vec<ChunkId>,
+        delta: &mut Vec<u8>,
+    ) -> Result<()> {
+        bases.clear();
+        let Some(mut src) = self.store.get(&base)? else {
+            return Ok(());
+        };
+        bases.push(base);
+        if let Some(next) = self.successor.get(&base).copied() {
+            if next != id && next != base {
+                if let Some(more) = self.store.get(&next)? {
+                    src.extend_from_slice(&more);
+                    bases.push(next);
+                }
+            }
+        }
+        delta.clear();
+        ZstdRef::new(ZDELTA_LEVEL).encode(&src, chunk, delta);
+        Ok(())
     }
 
     fn flush_data<S: Read + Write>(
@@ -640,10 +728,13 @@ impl Sender {
         link: &mut Link<S>,
         seg: u64,
         body: &mut Vec<u8>,
+        zbytes: usize,
     ) -> Result<()> {
         let compressed = self.compressor.compress(body);
-        let r = compressed.len() as f64 / body.len().max(1) as f64;
-        self.ratio = 0.5 * self.ratio + 0.5 * r;
+        if body.len() > zbytes {
+            let r = compressed.len().saturating_sub(zbytes) as f64 / (body.len() - zbytes) as f64;
+            self.ratio = 0.5 * self.ratio + 0.5 * r;
+        }
         link.send(&Message::Data {
             seg,
             method: self.cfg.compression.tag(),

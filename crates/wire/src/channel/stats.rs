@@ -26,6 +26,8 @@ pub struct ChannelStats {
     pub chunks_delta: u64,
     /// Message bytes those chunks stand for.
     pub bytes_delta: u64,
+    /// Of those chunks, the ones sent as a zstd delta (binaries; protocol version 2).
+    pub chunks_zdelta: u64,
     /// Chunks sent whole (compressed).
     pub chunks_literal: u64,
     /// Message bytes those chunks stand for.

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use super::config::ChannelConfig;
 use super::link::Link;
-use super::protocol::{Limits, Message, PROTOCOL, VERSION};
+use super::protocol::{Limits, Message, MIN_VERSION, PROTOCOL, VERSION, ZDELTA_VERSION};
 use super::receiver::{Arrived, Packed, Receiver};
 use super::sender::Sender;
 use super::stats::ChannelStats;
@@ -98,8 +98,9 @@ impl<S: Read + Write> DedupStream<S> {
     ) -> Result<Self> {
         config.validate()?;
         let mut framed = Framed::new(stream);
-        let hello = Hello::new(PROTOCOL, VERSION..=VERSION);
+        let hello = Hello::new(PROTOCOL, MIN_VERSION..=VERSION);
         let mut rtt = None;
+        let version;
         let agreed = match role {
             Role::Connect => {
                 let ours = config.encode();
@@ -107,6 +108,7 @@ impl<S: Read + Write> DedupStream<S> {
                 framed.send_hello(&hello.clone().with_data(ours.clone()))?;
                 let answer = framed.recv_hello(&hello)?;
                 rtt = Some(asked.elapsed());
+                version = answer.version;
                 if answer.peer.data != ours {
                     let e = Error::Config(
                         "the listening end answered with another configuration than the one \
@@ -125,6 +127,7 @@ impl<S: Read + Write> DedupStream<S> {
                         let _ = framed.send_error(&e.to_string());
                     }
                 })?;
+                version = proposal.version;
                 match config.accept(&proposal.peer.data) {
                     Ok(agreed) => {
                         framed.send_hello(&hello.with_data(agreed.encode()))?;
@@ -144,6 +147,7 @@ impl<S: Read + Write> DedupStream<S> {
             max_segment: agreed.segment_size,
         };
         let mut sender = Sender::new(agreed.clone(), store.clone());
+        sender.zdelta = version >= ZDELTA_VERSION;
         if let Some(rtt) = rtt {
             sender.adaptive.round_trip(rtt);
         }
