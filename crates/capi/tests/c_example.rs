@@ -10,6 +10,25 @@ fn target_dir() -> PathBuf {
     deps.parent().expect("the profile directory").to_path_buf()
 }
 
+/// When the newest Rust source under `dir` (the workspace's crates) was last changed.
+fn newest_source(dir: &std::path::Path) -> std::time::SystemTime {
+    let mut newest = std::time::SystemTime::UNIX_EPOCH;
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                todo.push(path);
+            } else if path.extension().is_some_and(|x| x == "rs" || x == "toml") {
+                if let Ok(t) = e.metadata().and_then(|m| m.modified()) {
+                    newest = newest.max(t);
+                }
+            }
+        }
+    }
+    newest
+}
+
 fn stat(line: &str, name: &str) -> u64 {
     line.split_whitespace()
         .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
@@ -20,10 +39,13 @@ fn stat(line: &str, name: &str) -> u64 {
 
 #[test]
 fn the_c_echo_example_round_trips_and_deduplicates() {
+    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let mut lib = target_dir().join("libdedupwire_capi.a");
-    if !lib.exists() {
-        // `cargo test` builds only the rlib; build the static library in a directory of its
-        // own (the test run holds the main target directory's lock).
+    let built_at = std::fs::metadata(&lib).and_then(|m| m.modified()).ok();
+    if built_at.is_none_or(|t| t < newest_source(&crate_dir.join(".."))) {
+        // `cargo test` builds only the rlib, and one left by an earlier build may be older
+        // than the code (one from before `dw_connect` took a key crashed the example): build
+        // it in a directory of its own (the test run holds the main target directory's lock).
         let own = target_dir().join("capi-example");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = Command::new(cargo)
@@ -35,7 +57,6 @@ fn the_c_echo_example_round_trips_and_deduplicates() {
         lib = own.join("debug").join("libdedupwire_capi.a");
     }
     assert!(lib.exists(), "{} is missing", lib.display());
-    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let work = tempfile::tempdir().unwrap();
     let exe = work.path().join("echo");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());

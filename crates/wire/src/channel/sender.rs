@@ -450,7 +450,9 @@ impl Sender {
     /// and decompressing it (the receiver's share), without sending it.
     fn sample_plain_dry(&mut self, stats: &mut ChannelStats, bytes: &[u8]) {
         let n = self.cap(Way::Plain, true).min(bytes.len());
-        self.set_plain_level(stats);
+        if let Some(level) = self.adaptive.plain_level() {
+            self.plain_compressor.set_zstd_level(level);
+        }
         let t = Instant::now();
         let body = self.plain_compressor.compress(&bytes[..n]);
         let cpu = t.elapsed();
