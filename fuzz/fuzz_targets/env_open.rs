@@ -5,7 +5,8 @@
 //!
 //! The first byte chooses the layout: bit 0 puts a valid header before the bytes (so the
 //! fuzzer reaches the records), bit 1 splits them into two segments, bit 2 also writes them
-//! as the sketch file.
+//! as the sketch file, bit 3 also makes them (in 40-byte records) the hint of segment 1 with
+//! a valid checksum, so that the fuzzer reaches hints that point anywhere.
 #![no_main]
 
 use std::path::PathBuf;
@@ -71,6 +72,21 @@ fuzz_target!(|data: &[u8]| {
         let mut file = if mode & 1 != 0 { header(no) } else { Vec::new() };
         file.extend_from_slice(part);
         std::fs::write(dir.join(format!("{no:08x}.seg")), file).expect("write segment");
+    }
+    if mode & 8 != 0 {
+        let seg_len = std::fs::metadata(dir.join("00000001.seg")).map_or(0, |m| m.len());
+        let records: Vec<&[u8]> = body.chunks_exact(40).collect();
+        let mut hint = b"DWENVHNT".to_vec();
+        hint.push(1);
+        hint.extend_from_slice(&1u32.to_le_bytes());
+        hint.extend_from_slice(&seg_len.to_le_bytes());
+        hint.extend_from_slice(&(records.len() as u32).to_le_bytes());
+        for r in records {
+            hint.extend_from_slice(r);
+        }
+        let sum = xxhash_rust::xxh3::xxh3_64(&hint);
+        hint.extend_from_slice(&sum.to_le_bytes());
+        std::fs::write(dir.join("00000001.hint"), hint).expect("write hint");
     }
     if mode & 4 != 0 {
         let mut file = if mode & 1 != 0 { sketch_header() } else { Vec::new() };

@@ -1,5 +1,5 @@
 //! The channel's persistent chunk store (`Environment`): put N MiB of fixed-size chunks
-//! (then `sync`), reopen (the verifying scan that rebuilds the index), get every chunk back,
+//! (then `sync`), reopen (the index rebuilt from sealed segments' hints and a scan of the newest), get every chunk back,
 //! and look ids up in batches (`contains_many`, half of them unknown); reports MB/s (10^6
 //! bytes per second of chunk data), lookups per second and the index's RAM per chunk.
 //!
@@ -184,7 +184,12 @@ pub fn run(args: &Args) -> Result<()> {
     let per_chunk = runs[0].index_bytes as f64 / runs[0].chunks.max(1) as f64;
     let phases: [Phase; 4] = [
         ("put + sync", |r| r.put, mb, "MB/s"),
-        ("reopen (verify scan)", |r| r.reopen, mb, "MB/s"),
+        (
+            "reopen (hints, newest segment scanned)",
+            |r| r.reopen,
+            mb,
+            "MB/s",
+        ),
         ("get", |r| r.get, mb, "MB/s"),
         (
             "contains_many (half miss)",

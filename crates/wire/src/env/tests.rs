@@ -368,6 +368,119 @@ fn bad_magic_and_unknown_version_name_the_file() {
     );
 }
 
+fn hint_path(dir: &Path, no: u32) -> PathBuf {
+    dir.join(hint::file_name(no))
+}
+
+/// Every chunk `0..n` (of 1000 bytes) the environment in `dir` holds, by reading it back.
+fn held(env: &Environment, n: u64) -> Vec<u64> {
+    (0..n)
+        .filter(|&i| env.get(&id(i)).ok().flatten() == Some(data(i, 1000)))
+        .collect()
+}
+
+fn hinted_config() -> EnvConfig {
+    EnvConfig {
+        max_bytes: 1 << 20,
+        segment_bytes: 16 << 10,
+        second_chance: false,
+    }
+}
+
+#[test]
+fn sealed_segments_open_from_their_hints_with_the_same_chunks() {
+    let dir = TempDir::new().unwrap();
+    let env = Environment::open(dir.path(), hinted_config()).unwrap();
+    for i in 0..100 {
+        env.put(&id(i), &data(i, 1000)).unwrap();
+    }
+    let segments = env.stats().segments;
+    assert!(segments >= 6, "{segments}");
+    drop(env);
+    for no in 1..segments as u32 {
+        assert!(hint_path(dir.path(), no).exists(), "segment {no} sealed");
+    }
+    assert!(
+        !hint_path(dir.path(), segments as u32).exists(),
+        "the active one is not"
+    );
+    let env = Environment::open(dir.path(), hinted_config()).unwrap();
+    assert_eq!(env.stats().hinted_segments, segments - 1);
+    assert_eq!(held(&env, 100), (0..100).collect::<Vec<_>>());
+    let before = env.stats();
+    drop(env);
+
+    // An environment without hints (an older build's) scans, and writes them for next time.
+    for no in 1..segments as u32 {
+        fs::remove_file(hint_path(dir.path(), no)).unwrap();
+    }
+    let env = Environment::open(dir.path(), hinted_config()).unwrap();
+    let scanned = env.stats();
+    assert_eq!(scanned.hinted_segments, 0);
+    assert_eq!(
+        (scanned.chunks, scanned.chunk_bytes, scanned.bytes),
+        (before.chunks, before.chunk_bytes, before.bytes)
+    );
+    drop(env);
+    let env = Environment::open(dir.path(), hinted_config()).unwrap();
+    assert_eq!(env.stats().hinted_segments, segments - 1);
+    assert_eq!(held(&env, 100), (0..100).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_damaged_or_outdated_hint_is_not_trusted() {
+    let dir = TempDir::new().unwrap();
+    let env = Environment::open(dir.path(), hinted_config()).unwrap();
+    for i in 0..100 {
+        env.put(&id(i), &data(i, 1000)).unwrap();
+    }
+    let segments = env.stats().segments;
+    drop(env);
+    flip(&hint_path(dir.path(), 1), 30);
+    let seg2 = seg_path(dir.path(), 2);
+    let len = fs::metadata(&seg2).unwrap().len();
+    OpenOptions::new()
+        .write(true)
+        .open(&seg2)
+        .unwrap()
+        .set_len(len - 500)
+        .unwrap();
+    fs::write(hint_path(dir.path(), 0x99), b"an orphan").unwrap();
+    let env = Environment::open(dir.path(), hinted_config()).unwrap();
+    let s = env.stats();
+    assert_eq!(s.hinted_segments, segments - 3, "segments 1 and 2 scanned");
+    assert_eq!(s.torn_bytes, RECORD_HEAD as u64 + 1000 - 500);
+    let all = held(&env, 100);
+    assert_eq!(all.len(), 99, "only the cut record is gone: {all:?}");
+    assert!(
+        !hint_path(dir.path(), 0x99).exists(),
+        "orphan hints are removed"
+    );
+}
+
+#[test]
+fn a_record_found_damaged_sends_its_segment_back_to_a_scan() {
+    let dir = TempDir::new().unwrap();
+    let env = Environment::open(dir.path(), hinted_config()).unwrap();
+    for i in 0..100 {
+        env.put(&id(i), &data(i, 1000)).unwrap();
+    }
+    drop(env);
+    // The first record of segment 1 is chunk 0; damage its data.
+    flip(
+        &seg_path(dir.path(), 1),
+        HEADER_LEN + RECORD_HEAD as u64 + 10,
+    );
+    let env = Environment::open(dir.path(), hinted_config()).unwrap();
+    assert!(matches!(env.get(&id(0)), Err(StoreError::Corrupt(_))));
+    assert!(!hint_path(dir.path(), 1).exists());
+    drop(env);
+    let env = Environment::open(dir.path(), hinted_config()).unwrap();
+    assert!(!env.contains(&id(0)).unwrap(), "the scan left it out");
+    assert_eq!(env.stats().skipped_records, 1);
+    assert_eq!(held(&env, 100), (1..100).collect::<Vec<_>>());
+}
+
 #[test]
 fn second_open_is_refused() {
     let dir = TempDir::new().unwrap();
