@@ -1134,9 +1134,16 @@ impl ChangeSource for PgSource {
         Ok(())
     }
 
+    /// A new session: besides rewinding, a copy this source had under way is read back from
+    /// its record, since another source on the slot may have started it again since (at other
+    /// positions) or finished it: completing this source's older attempt because the
+    /// replica's position passed its last row lost the rows of the newer one.
     fn resume(&mut self, applied: Option<u64>) -> Result<(), PgError> {
         self.check_resume(applied)?;
         self.rewind()?;
+        if !matches!(self.copy, CopyPhase::Idle) {
+            self.load_copy()?;
+        }
         match applied {
             Some(pos) => self.ack(pos),
             None => Ok(()),
