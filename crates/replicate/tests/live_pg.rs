@@ -691,6 +691,17 @@ fn initial_copy_then_stream_equals_the_source() {
 /// replica has, and the replica still ends equal to the source.
 #[test]
 fn a_kill_during_the_initial_copy_starts_it_again() {
+    kill_during_the_initial_copy(support::seed());
+}
+
+/// The seed that found a kept source completing its own older copy attempt after a fresh
+/// source had started the copy again (57 of 215 rows lost).
+#[test]
+fn a_kept_source_does_not_complete_a_copy_another_source_restarted() {
+    kill_during_the_initial_copy(1795348949001322423);
+}
+
+fn kill_during_the_initial_copy(seed: u64) {
     let Some(pg) = support::start() else { return };
     let Some(writes) = small_rfcs(900) else {
         return;
@@ -702,7 +713,6 @@ fn a_kill_during_the_initial_copy_starts_it_again() {
         PgSource::connect(&src_url, copy_config(SLOT)).unwrap(),
     )));
     let writer = concurrent_writer(&pg, writes[600..].to_vec());
-    let seed = support::seed();
     let mut rng = seed;
     let mut next = move |n: u64| {
         rng ^= rng << 13;
