@@ -283,30 +283,7 @@ fn a_relinked_binary_travels_as_zstd_deltas_even_to_a_forgetful_receiver() {
         stats[1].socket_bytes_sent
     );
 
-    let store = Arc::new(Forgetful {
-        inner: MemoryStore::new(),
-        forget: AtomicUsize::new(0),
-    });
-    let server_store = store.clone();
-    let (e1, e2) = (first.clone(), second.clone());
-    let (server_stats, client_stats) = pair(
-        dedup_config(),
-        dedup_config(),
-        store,
-        move |mut s| {
-            assert_eq!(s.recv().unwrap(), e1);
-            server_store.forget.store(usize::MAX, Ordering::SeqCst);
-            assert_eq!(s.recv().unwrap(), e2);
-            s.stats()
-        },
-        |mut c| {
-            c.send(&first).unwrap();
-            c.send(&second).unwrap();
-            let st = c.stats();
-            c.close().unwrap();
-            st
-        },
-    );
+    let (server_stats, client_stats) = send_two_to_a_forgetful_receiver(first, second, usize::MAX);
     assert!(client_stats.chunks_zdelta > 0, "{client_stats:?}");
     assert!(server_stats.chunks_needed > 0, "{server_stats:?}");
     assert_eq!(client_stats.chunks_resent, server_stats.chunks_needed);
@@ -527,6 +504,50 @@ fn a_wrong_message_hash_is_an_integrity_error() {
 }
 
 #[test]
+fn a_zstd_delta_that_does_not_decode_is_a_protocol_error() {
+    let config = dedup_config();
+    let (mut f, h) = raw_client(&config);
+    let base = b"0123456789".to_vec();
+    let base_id = ChunkId(*blake3::hash(&base).as_bytes());
+    let message = |seg: u64, chunk: &[u8], entry: EntryRef<'_>| {
+        let mut body = Vec::new();
+        entry.encode(32, &mut body);
+        [
+            frame(&Message::Request {
+                seg,
+                level: 0,
+                end: Some(MessageEnd {
+                    len: chunk.len() as u64,
+                    hash: *blake3::hash(chunk).as_bytes(),
+                }),
+                chunks: vec![(chunk.len() as u32, ChunkId(*blake3::hash(chunk).as_bytes()))],
+            }),
+            frame(&Message::Data {
+                seg,
+                method: 0,
+                raw_len: body.len() as u32,
+                body,
+            }),
+        ]
+    };
+    let frames = message(0, &base, EntryRef::Literal(&base))
+        .into_iter()
+        .chain(message(
+            1,
+            b"0123456780",
+            EntryRef::ZDelta(&[base_id], b"\x0anot a zstd frame"),
+        ));
+    for (k, p) in frames {
+        f.write_frame(k, &p).unwrap();
+    }
+    let e = h.join().unwrap();
+    assert!(
+        matches!(&e, Error::Protocol(m) if m.contains("delta for segment 1")),
+        "{e}"
+    );
+}
+
+#[test]
 fn a_peer_vanishing_mid_message_is_peer_closed() {
     let config = dedup_config();
     let (mut f, h) = raw_client(&config);
@@ -566,24 +587,26 @@ impl ChunkStore for Forgetful {
     }
 }
 
-#[test]
-fn chunks_the_receiver_lost_after_claiming_them_are_sent_again() {
+/// Sends `m1` then `m2` in dedup mode to a receiver whose store, once `m1` has arrived, has
+/// lost the next `forget` chunks it reads; returns (receiver, sender) stats.
+fn send_two_to_a_forgetful_receiver(
+    m1: Vec<u8>,
+    m2: Vec<u8>,
+    forget: usize,
+) -> (ChannelStats, ChannelStats) {
     let store = Arc::new(Forgetful {
         inner: MemoryStore::new(),
         forget: AtomicUsize::new(0),
     });
     let server_store = store.clone();
-    let m1 = random(600_000, 50);
-    let mut m2 = m1.clone();
-    m2[300_000] ^= 1;
     let (e1, e2) = (m1.clone(), m2.clone());
-    let (server_stats, client_stats) = pair(
+    pair(
         dedup_config(),
         dedup_config(),
         store,
         move |mut s| {
             assert_eq!(s.recv().unwrap(), e1);
-            server_store.forget.store(1_000, Ordering::SeqCst);
+            server_store.forget.store(forget, Ordering::SeqCst);
             assert_eq!(s.recv().unwrap(), e2);
             s.stats()
         },
@@ -594,7 +617,15 @@ fn chunks_the_receiver_lost_after_claiming_them_are_sent_again() {
             c.close().unwrap();
             st
         },
-    );
+    )
+}
+
+#[test]
+fn chunks_the_receiver_lost_after_claiming_them_are_sent_again() {
+    let m1 = random(600_000, 50);
+    let mut m2 = m1.clone();
+    m2[300_000] ^= 1;
+    let (server_stats, client_stats) = send_two_to_a_forgetful_receiver(m1, m2, 1_000);
     assert!(server_stats.chunks_needed > 0, "{server_stats:?}");
     assert_eq!(client_stats.chunks_resent, server_stats.chunks_needed);
 }

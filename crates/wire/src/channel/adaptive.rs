@@ -132,6 +132,13 @@ struct Sums {
 }
 
 impl Sums {
+    fn add(&mut self, bytes: usize, secs: Duration, wire: u64, recv: Duration) {
+        self.bytes += bytes as f64;
+        self.secs += secs.as_secs_f64().max(1e-6);
+        self.wire += wire as f64;
+        self.recv += recv.as_secs_f64();
+    }
+
     fn decay(&mut self) {
         self.bytes *= KEEP;
         self.secs *= KEEP;
@@ -414,10 +421,7 @@ impl Adaptive {
             Way::Plain => &mut self.plain,
         };
         let sums = slot.get_or_insert_with(Sums::default);
-        sums.bytes += cost.bytes as f64;
-        sums.secs += (cost.cpu + waits).as_secs_f64().max(1e-6);
-        sums.wire += cost.wire as f64;
-        sums.recv += receiver.as_secs_f64();
+        sums.add(cost.bytes, cost.cpu + waits, cost.wire, receiver);
         if way == Way::Plain {
             self.plain_sent = true;
             let share = self.down_share();
@@ -437,10 +441,7 @@ impl Adaptive {
     pub(crate) fn estimate_plain(&mut self, cost: Cost, unpack: Duration) {
         let sums = self.plain.get_or_insert_with(Sums::default);
         sums.decay();
-        sums.bytes += cost.bytes as f64;
-        sums.secs += cost.cpu.as_secs_f64().max(1e-6);
-        sums.wire += cost.wire as f64;
-        sums.recv += unpack.as_secs_f64();
+        sums.add(cost.bytes, cost.cpu, cost.wire, unpack);
     }
 
     /// The current estimates (dedup, plain), message bytes per second; 0 when not yet known.
@@ -533,13 +534,15 @@ mod tests {
 
     #[test]
     fn the_first_segments_and_probes_are_samples() {
+        let first_picks = |a: &mut Adaptive| -> Vec<(Way, bool, bool)> {
+            (0..4)
+                .map(|_| (a.choose(), a.sampling(), a.dry_plain()))
+                .collect()
+        };
         let mut a = Adaptive::new(Mode::Adaptive, Compression::Zstd(3));
         a.round_trip(ms(40));
-        let picks: Vec<(Way, bool, bool)> = (0..4)
-            .map(|_| (a.choose(), a.sampling(), a.dry_plain()))
-            .collect();
         assert_eq!(
-            picks,
+            first_picks(&mut a),
             [
                 (Way::Dedup, false, false),
                 (Way::Dedup, false, true),
@@ -550,11 +553,8 @@ mod tests {
         );
         let mut lan = Adaptive::new(Mode::Adaptive, Compression::Zstd(3));
         lan.round_trip(Duration::from_micros(100));
-        let picks: Vec<(Way, bool, bool)> = (0..4)
-            .map(|_| (lan.choose(), lan.sampling(), lan.dry_plain()))
-            .collect();
         assert_eq!(
-            picks,
+            first_picks(&mut lan),
             [
                 (Way::Dedup, true, false),
                 (Way::Plain, true, false),

@@ -398,44 +398,42 @@ impl Receiver {
             };
             s.data_pos += 1;
             let len = s.levels[level as usize][index as usize].len;
-            match e {
-                Entry::Literal(b) => self.fill(seg, level, index, &b)?,
-                Entry::Delta { base, delta } => match self.store.get(&base)? {
-                    None => wants.push((level, index)),
-                    Some(src) => {
-                        let mut out = Vec::with_capacity(len);
-                        self.codec
-                            .decode(&src, &delta, len, &mut out)
-                            .map_err(|e| protocol(format!("delta for segment {seg}: {e}")))?;
-                        self.fill(seg, level, index, &out)?;
-                    }
-                },
-                Entry::ZDelta { bases, delta } => {
-                    let mut src = Vec::new();
-                    let mut held = true;
-                    for b in &bases {
-                        match self.store.get(b)? {
-                            Some(bytes) => src.extend_from_slice(&bytes),
-                            None => {
-                                held = false;
-                                break;
-                            }
-                        }
-                    }
-                    if !held {
-                        wants.push((level, index));
-                        continue;
-                    }
-                    let mut out = Vec::with_capacity(len);
-                    ZstdRef::new(ZDELTA_LEVEL)
-                        .decode(&src, &delta, len, &mut out)
-                        .map_err(|e| protocol(format!("zstd delta for segment {seg}: {e}")))?;
-                    self.fill(seg, level, index, &out)?;
+            let (bases, delta, zstd) = match e {
+                Entry::Literal(b) => {
+                    self.fill(seg, level, index, &b)?;
+                    continue;
                 }
-            }
+                Entry::Delta { base, delta } => (vec![base], delta, false),
+                Entry::ZDelta { bases, delta } => (bases, delta, true),
+            };
+            let Some(src) = self.joined(&bases)? else {
+                wants.push((level, index));
+                continue;
+            };
+            let mut out = Vec::with_capacity(len);
+            let decoded = if zstd {
+                ZstdRef::new(ZDELTA_LEVEL).decode(&src, &delta, len, &mut out)
+            } else {
+                self.codec.decode(&src, &delta, len, &mut out)
+            };
+            decoded.map_err(|e| protocol(format!("delta for segment {seg}: {e}")))?;
+            self.fill(seg, level, index, &out)?;
         }
         self.need(link, stats, seg, wants)?;
         self.check_complete(link, stats, seg)
+    }
+
+    /// The bytes of `bases` joined in order, or `None` when the store lacks one of them.
+    fn joined(&self, bases: &[ChunkId]) -> Result<Option<Vec<u8>>> {
+        let mut src = Vec::new();
+        for b in bases {
+            match self.store.get(b)? {
+                Some(bytes) if bases.len() == 1 => return Ok(Some(bytes)),
+                Some(bytes) => src.extend_from_slice(&bytes),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(src))
     }
 
     /// A chunk sent whole after a NEED.

@@ -365,7 +365,7 @@ impl Sender {
         self.next_seg += 1;
         let (levels, awaiting) = match way {
             Way::Plain => {
-                self.set_plain_level(stats);
+                stats.plain_level = self.set_plain_level().or(stats.plain_level);
                 let body = self.plain_compressor.compress(&bytes);
                 let keep = if self.new_bytes {
                     false
@@ -438,21 +438,19 @@ impl Sender {
         Ok(take)
     }
 
-    /// Moves the plain compressor to the adaptive mode's current level, if it adapts.
-    fn set_plain_level(&mut self, stats: &mut ChannelStats) {
-        if let Some(level) = self.adaptive.plain_level() {
-            self.plain_compressor.set_zstd_level(level);
-            stats.plain_level = Some(level);
-        }
+    /// Moves the plain compressor to the adaptive mode's current level, if it adapts, and
+    /// returns that level.
+    fn set_plain_level(&mut self) -> Option<i32> {
+        let level = self.adaptive.plain_level()?;
+        self.plain_compressor.set_zstd_level(level);
+        Some(level)
     }
 
     /// Times compressing the start of a dedup segment's `bytes` as a plain sample would be,
     /// and decompressing it (the receiver's share), without sending it.
     fn sample_plain_dry(&mut self, stats: &mut ChannelStats, bytes: &[u8]) {
         let n = self.cap(Way::Plain, true).min(bytes.len());
-        if let Some(level) = self.adaptive.plain_level() {
-            self.plain_compressor.set_zstd_level(level);
-        }
+        self.set_plain_level();
         let t = Instant::now();
         let body = self.plain_compressor.compress(&bytes[..n]);
         let cpu = t.elapsed();
@@ -625,6 +623,9 @@ impl Sender {
                     .filter(|n| *n != p.id);
                 let keep = self.ratio.clamp(0.5, 1.0 - DELTA_MIN_SAVING);
                 let limit = ((p.len as f64 * keep) as usize).saturating_sub(id_len);
+                // A zstd delta's base is the first candidate; its bytes, once read, serve both.
+                let zbase = similar.or(next_to_anchor);
+                let mut zsrc = None;
                 for base in [similar, next_to_anchor.filter(|n| Some(*n) != similar)]
                     .into_iter()
                     .flatten()
@@ -634,16 +635,21 @@ impl Sender {
                     };
                     delta.clear();
                     self.codec.encode(&src, chunk, &mut delta);
-                    if delta.len() < limit {
+                    let found = delta.len() < limit;
+                    if found {
                         base_used = Some(base);
+                    }
+                    if Some(base) == zbase {
+                        zsrc = Some(src);
+                    }
+                    if found {
                         break;
                     }
                 }
-                let zbase = similar.or(next_to_anchor);
-                let in_batch = |b: &ChunkId| batch.contains(b);
-                if let Some(zbase) =
-                    zbase.filter(|b| self.zdelta && chunk.contains(&0) && !in_batch(b))
-                {
+                if let (Some(zbase), Some(src)) = (
+                    zbase.filter(|b| self.zdelta && chunk.contains(&0) && !batch.contains(b)),
+                    zsrc,
+                ) {
                     // What the DATA frame's compression is expected to make of the delta
                     // (or the literal): zstd deltas are compressed already.
                     let expected = if base_used.is_some() {
@@ -652,8 +658,8 @@ impl Sender {
                         p.len
                     };
                     let expected = (expected as f64 * self.ratio * ZDELTA_MARGIN) as usize;
-                    self.zdelta_against(zbase, p.id, chunk, &mut zbases, &mut zdelta)?;
-                    if !zbases.is_empty() && zdelta.len() + zbases.len() * id_len < expected {
+                    self.zdelta_against(zbase, src, p.id, chunk, &mut zbases, &mut zdelta)?;
+                    if zdelta.len() + zbases.len() * id_len < expected {
                         base_used = Some(zbase);
                         std::mem::swap(&mut delta, &mut zdelta);
                     } else {
@@ -695,22 +701,20 @@ impl Sender {
         self.tell_store()
     }
 
-    /// A zstd delta of `chunk` (id `id`) against `base` and, where the store holds it, the
-    /// chunk that followed `base` last time (an edit that moved the chunk's boundaries finds
-    /// the rest of its bytes there); `bases` gets what it was made against, left empty when
-    /// the store lacks `base`.
+    /// A zstd delta of `chunk` (id `id`) against `base` (whose bytes are `src`) and, where
+    /// the store holds it, the chunk that followed `base` last time (an edit that moved the
+    /// chunk's boundaries finds the rest of its bytes there); `bases` gets what it was made
+    /// against.
     fn zdelta_against(
         &self,
         base: ChunkId,
+        mut src: Vec<u8>,
         id: ChunkId,
         chunk: &[u8],
         bases: &mut Vec<ChunkId>,
         delta: &mut Vec<u8>,
     ) -> Result<()> {
         bases.clear();
-        let Some(mut src) = self.store.get(&base)? else {
-            return Ok(());
-        };
         bases.push(base);
         if let Some(next) = self.successor.get(&base).copied() {
             if next != id && next != base {

@@ -26,6 +26,15 @@ pub fn file_name(no: u32) -> String {
     format!("{no:08x}.hint")
 }
 
+/// The segment number a file name stands for, if it names a hint.
+pub fn parse_name(name: &str) -> Option<u32> {
+    let hex = name.strip_suffix(".hint")?;
+    if hex.len() != 8 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u32::from_str_radix(hex, 16).ok()
+}
+
 /// The hint of segment `no`, `seg_len` bytes long, holding `records` in file order.
 pub fn encode(no: u32, seg_len: u64, records: &[Found]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEAD + records.len() * ENTRY + 8);

@@ -790,8 +790,7 @@ fn create_segment(dir: &Path, no: u32) -> Result<Arc<Segment>, StoreError> {
 /// `sketches.tmp`, fsynced, then renamed over `sketches`.
 fn new_sketch_file(dir: &Path, content: &[u8]) -> Result<SketchLog, StoreError> {
     let tmp = dir.join(sketch::TMP_NAME);
-    let made = write_new_file(&tmp, content).and_then(|file| {
-        fs::rename(&tmp, dir.join(sketch::FILE_NAME))?;
+    let made = write_replacing(&tmp, &dir.join(sketch::FILE_NAME), content).and_then(|file| {
         segment::sync_dir(dir)?;
         Ok(file)
     });
@@ -886,10 +885,22 @@ type Newest = (u32, Vec<segment::Found>);
 fn load(dir: &Path) -> Result<(State, Recovery, Option<Newest>), StoreError> {
     let listing = || format!("cannot list environment {}", dir.display());
     let mut found = Vec::new();
+    let mut hints = Vec::new();
     for entry in fs::read_dir(dir).map_err(|e| io_context(e, listing()))? {
         let entry = entry.map_err(|e| io_context(e, listing()))?;
-        if let Some(no) = entry.file_name().to_str().and_then(segment::parse_name) {
+        let name = entry.file_name();
+        if let Some(no) = name.to_str().and_then(segment::parse_name) {
             found.push((no, entry.path()));
+        } else if let Some(no) = name.to_str().and_then(hint::parse_name) {
+            hints.push(no);
+        } else if name
+            .to_str()
+            .and_then(|n| n.strip_suffix(".tmp"))
+            .and_then(hint::parse_name)
+            .is_some()
+        {
+            // A hint whose writing a crash cut short.
+            let _ = fs::remove_file(entry.path());
         }
     }
     found.sort();
@@ -944,66 +955,52 @@ fn load(dir: &Path) -> Result<(State, Recovery, Option<Newest>), StoreError> {
             .then(|| fs::read(dir.join(hint::file_name(no))).ok())
             .flatten()
             .and_then(|b| hint::decode(&b, no, len));
-        if let Some(records) = hinted {
-            rec.hinted_segments += 1;
-            for r in &records {
-                state.index.insert(r.id, Loc::new(no, r.off, r.len));
+        let (records, end) = match hinted {
+            Some(records) => {
+                rec.hinted_segments += 1;
+                (records, len)
             }
-            state.bytes += len;
-            state.segments.insert(
-                no,
-                SegEntry {
-                    seg: Arc::new(Segment { no, path, file }),
-                    bytes: len,
-                },
-            );
-            continue;
-        }
-        if Some(no) != newest {
-            buf.resize(len as usize, 0);
-            segment::read_exact_at(&file, &mut buf, 0)
-                .map_err(|e| io_context(e, format!("cannot read {}", path.display())))?;
-        }
-        let scan = segment::scan(&buf, no);
-        if scan.end < len {
-            file.set_len(scan.end)
-                .and_then(|()| file.sync_all())
-                .map_err(|e| {
-                    io_context(e, format!("cannot cut the torn tail of {}", path.display()))
-                })?;
-            rec.torn_bytes += len - scan.end;
-        }
-        rec.skipped_records += scan.skipped_records;
-        rec.skipped_bytes += scan.skipped_bytes;
-        for r in &scan.records {
+            None => {
+                if Some(no) != newest {
+                    buf.resize(len as usize, 0);
+                    segment::read_exact_at(&file, &mut buf, 0)
+                        .map_err(|e| io_context(e, format!("cannot read {}", path.display())))?;
+                }
+                let scan = segment::scan(&buf, no);
+                if scan.end < len {
+                    file.set_len(scan.end)
+                        .and_then(|()| file.sync_all())
+                        .map_err(|e| {
+                            io_context(e, format!("cannot cut the torn tail of {}", path.display()))
+                        })?;
+                    rec.torn_bytes += len - scan.end;
+                }
+                rec.skipped_records += scan.skipped_records;
+                rec.skipped_bytes += scan.skipped_bytes;
+                if Some(no) != newest {
+                    write_hint(dir, no, scan.end, &scan.records);
+                }
+                (scan.records, scan.end)
+            }
+        };
+        for r in &records {
             state.index.insert(r.id, Loc::new(no, r.off, r.len));
         }
         if Some(no) == newest {
-            newest_records = Some((no, scan.records));
-        } else {
-            write_hint(dir, no, scan.end, &scan.records);
+            newest_records = Some((no, records));
         }
-        state.bytes += scan.end;
+        state.bytes += end;
         state.segments.insert(
             no,
             SegEntry {
                 seg: Arc::new(Segment { no, path, file }),
-                bytes: scan.end,
+                bytes: end,
             },
         );
     }
-    for entry in fs::read_dir(dir)
-        .map_err(|e| io_context(e, listing()))?
-        .flatten()
-    {
-        let name = entry.file_name();
-        let orphan = name
-            .to_str()
-            .and_then(|n| n.strip_suffix(".hint"))
-            .and_then(|hex| u32::from_str_radix(hex, 16).ok())
-            .is_some_and(|no| !state.segments.contains_key(&no));
-        if orphan {
-            let _ = fs::remove_file(entry.path());
+    for no in hints {
+        if !state.segments.contains_key(&no) {
+            let _ = fs::remove_file(dir.join(hint::file_name(no)));
         }
     }
     Ok((state, rec, newest_records))
@@ -1015,11 +1012,17 @@ fn load(dir: &Path) -> Result<(State, Recovery, Option<Newest>), StoreError> {
 fn write_hint(dir: &Path, no: u32, seg_len: u64, records: &[segment::Found]) {
     let path = dir.join(hint::file_name(no));
     let tmp = path.with_extension("hint.tmp");
-    let done = write_new_file(&tmp, &hint::encode(no, seg_len, records))
-        .and_then(|_| fs::rename(&tmp, &path));
-    if done.is_err() {
+    if write_replacing(&tmp, &path, &hint::encode(no, seg_len, records)).is_err() {
         let _ = fs::remove_file(&tmp);
     }
+}
+
+/// Writes `content` to `tmp` (see [`write_new_file`]) and renames it over `path`: `path` then
+/// holds either its old content or the whole new one.
+fn write_replacing(tmp: &Path, path: &Path, content: &[u8]) -> io::Result<File> {
+    let file = write_new_file(tmp, content)?;
+    fs::rename(tmp, path)?;
+    Ok(file)
 }
 
 impl ChunkStore for Environment {

@@ -446,6 +446,8 @@ fn a_damaged_or_outdated_hint_is_not_trusted() {
         .set_len(len - 500)
         .unwrap();
     fs::write(hint_path(dir.path(), 0x99), b"an orphan").unwrap();
+    let cut_short = hint_path(dir.path(), 1).with_extension("hint.tmp");
+    fs::write(&cut_short, b"a hint cut short").unwrap();
     let env = Environment::open(dir.path(), hinted_config()).unwrap();
     let s = env.stats();
     assert_eq!(s.hinted_segments, segments - 3, "segments 1 and 2 scanned");
@@ -456,6 +458,7 @@ fn a_damaged_or_outdated_hint_is_not_trusted() {
         !hint_path(dir.path(), 0x99).exists(),
         "orphan hints are removed"
     );
+    assert!(!cut_short.exists(), "and hints a crash cut short");
 }
 
 #[test]
