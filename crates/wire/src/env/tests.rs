@@ -396,22 +396,24 @@ fn sealed_segments_open_from_their_hints_with_the_same_chunks() {
     }
     let segments = env.stats().segments;
     assert!(segments >= 6, "{segments}");
-    drop(env);
     for no in 1..segments as u32 {
         assert!(hint_path(dir.path(), no).exists(), "segment {no} sealed");
     }
+    let active = segments as u32;
     assert!(
-        !hint_path(dir.path(), segments as u32).exists(),
+        !hint_path(dir.path(), active).exists(),
         "the active one is not"
     );
+    drop(env);
+    assert!(hint_path(dir.path(), active).exists(), "until it is closed");
     let env = Environment::open(dir.path(), hinted_config()).unwrap();
-    assert_eq!(env.stats().hinted_segments, segments - 1);
+    assert_eq!(env.stats().hinted_segments, segments);
     assert_eq!(held(&env, 100), (0..100).collect::<Vec<_>>());
     let before = env.stats();
     drop(env);
 
     // An environment without hints (an older build's) scans, and writes them for next time.
-    for no in 1..segments as u32 {
+    for no in 1..=active {
         fs::remove_file(hint_path(dir.path(), no)).unwrap();
     }
     let env = Environment::open(dir.path(), hinted_config()).unwrap();
@@ -423,8 +425,38 @@ fn sealed_segments_open_from_their_hints_with_the_same_chunks() {
     );
     drop(env);
     let env = Environment::open(dir.path(), hinted_config()).unwrap();
-    assert_eq!(env.stats().hinted_segments, segments - 1);
+    assert_eq!(env.stats().hinted_segments, segments);
     assert_eq!(held(&env, 100), (0..100).collect::<Vec<_>>());
+}
+
+#[test]
+fn the_newest_segments_hint_holds_only_for_the_length_it_was_written_at() {
+    let dir = TempDir::new().unwrap();
+    let env = Environment::open(dir.path(), small()).unwrap();
+    for i in 0..3 {
+        env.put(&id(i), &data(i, 1000)).unwrap();
+    }
+    drop(env);
+    let first = fs::read(hint_path(dir.path(), 1)).unwrap();
+    let env = Environment::open(dir.path(), small()).unwrap();
+    assert_eq!(env.stats().hinted_segments, 1);
+    for i in 3..5 {
+        env.put(&id(i), &data(i, 1000)).unwrap();
+    }
+    drop(env);
+    // As if the process had died after its appends, before closing: the hint is older.
+    fs::write(hint_path(dir.path(), 1), &first).unwrap();
+    let env = Environment::open(dir.path(), small()).unwrap();
+    assert_eq!(env.stats().hinted_segments, 0, "scanned");
+    assert_eq!(held(&env, 5), (0..5).collect::<Vec<_>>());
+    drop(env);
+    let env = Environment::open(dir.path(), small()).unwrap();
+    assert_eq!(
+        env.stats().hinted_segments,
+        1,
+        "and hinted again once closed"
+    );
+    assert_eq!(held(&env, 5), (0..5).collect::<Vec<_>>());
 }
 
 #[test]
@@ -450,7 +482,7 @@ fn a_damaged_or_outdated_hint_is_not_trusted() {
     fs::write(&cut_short, b"a hint cut short").unwrap();
     let env = Environment::open(dir.path(), hinted_config()).unwrap();
     let s = env.stats();
-    assert_eq!(s.hinted_segments, segments - 3, "segments 1 and 2 scanned");
+    assert_eq!(s.hinted_segments, segments - 2, "segments 1 and 2 scanned");
     assert_eq!(s.torn_bytes, RECORD_HEAD as u64 + 1000 - 500);
     let all = held(&env, 100);
     assert_eq!(all.len(), 99, "only the cut record is gone: {all:?}");
