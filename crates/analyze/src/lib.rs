@@ -12,6 +12,7 @@
 
 mod cpu;
 pub mod html;
+mod huge;
 mod id_set;
 pub mod input;
 mod memo;
