@@ -70,6 +70,13 @@ pub trait ChunkStore: Send + Sync {
     /// Keeps `data` under `id` (the caller has verified that `id` names `data`); storing an id
     /// already held is a cheap no-op.
     fn put(&self, id: &ChunkId, data: &[u8]) -> Result<(), StoreError>;
+    /// Keeps `id` (a chunk of `len` bytes) as the chunks `parts` joined, all held whole, so
+    /// that its bytes are not stored twice; false if the store did not (this default never
+    /// does, nor does a store that lacks a part), and the caller then `put`s it whole.
+    fn put_recipe(&self, id: &ChunkId, len: u64, parts: &[ChunkId]) -> Result<bool, StoreError> {
+        let _ = (id, len, parts);
+        Ok(false)
+    }
     /// [`contains`](ChunkStore::contains) for many ids at once: one answer per id, in order.
     fn contains_many(&self, ids: &[ChunkId]) -> Result<Vec<bool>, StoreError> {
         ids.iter().map(|id| self.contains(id)).collect()

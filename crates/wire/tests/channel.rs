@@ -13,8 +13,9 @@ use dedupwire_engine::chunk::ChunkerSpec;
 use dedupwire_wire::channel::protocol::{self, EntryRef, Message, MessageEnd};
 use dedupwire_wire::channel::Xxh3Id;
 use dedupwire_wire::{
-    ChannelConfig, ChannelStats, ChunkId, ChunkStore, DedupListener, DedupStream, Error, FrameType,
-    Framed, Hello, Key, MemoryStore, Mode, Security, StoreError, Transport,
+    ChannelConfig, ChannelStats, ChunkId, ChunkStore, DedupListener, DedupStream, EnvConfig,
+    Environment, Error, FrameType, Framed, Hello, Key, MemoryStore, Mode, Security, StoreError,
+    Transport,
 };
 
 fn random(n: usize, seed: u64) -> Vec<u8> {
@@ -688,6 +689,38 @@ fn a_new_connection_finds_delta_bases_in_what_earlier_ones_sent() {
         stranger.chunks_resent > 0
             && stranger.chunks_resent * 2 < stranger.chunks_delta + stranger.chunks_literal,
         "{stranger:?}"
+    );
+}
+
+#[test]
+fn a_receivers_environment_keeps_each_byte_once_across_levels() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let env = Arc::new(Environment::open(dir.path(), EnvConfig::default()).unwrap());
+    let store: Arc<dyn ChunkStore> = env.clone();
+    let first = structured(4 << 20, 70);
+    let mut second = first.clone();
+    for k in 0..second.len() / 100_000 {
+        second[k * 100_000 + 123] ^= 0x21;
+    }
+    let fresh = || -> Arc<dyn ChunkStore> { Arc::new(MemoryStore::new()) };
+    send_on_new_connection(fresh(), store.clone(), first.clone());
+    let kept = env.stats().chunk_bytes;
+    // Every coarse chunk was refined: its bytes are its fine chunks', kept once.
+    assert!(
+        kept < first.len() as u64 * 21 / 20,
+        "{kept} bytes kept for a {} byte message",
+        first.len()
+    );
+    send_on_new_connection(fresh(), store.clone(), second.clone());
+    let grew = env.stats().chunk_bytes - kept;
+    assert!(
+        grew < second.len() as u64 / 2,
+        "{grew} more bytes kept for 41 edits"
+    );
+    let again = send_on_new_connection(fresh(), store, second);
+    assert!(
+        again.chunks_hit > 0 && again.chunks_delta + again.chunks_literal == 0,
+        "coarse chunks kept as recipes are held: {again:?}"
     );
 }
 

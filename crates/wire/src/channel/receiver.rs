@@ -499,8 +499,10 @@ impl Receiver {
         Ok(())
     }
 
-    /// Cuts `data` at every level and keeps each chunk, as a dedup segment would have left them.
+    /// Cuts `data` at every level and keeps each chunk, as a dedup segment would have left them:
+    /// the finest level whole, each coarser chunk as a recipe of the chunks it was cut into.
     fn keep_chunks(&self, data: &[u8]) -> Result<()> {
+        let mut levels: Vec<Vec<(usize, usize, ChunkId)>> = Vec::new();
         let mut spans = vec![(0usize, data.len())];
         let mut lens = Vec::new();
         for chunker in &self.cfg.levels {
@@ -510,14 +512,34 @@ impl Receiver {
                 chunker.cut(&data[off..off + len], &mut lens);
                 let mut o = off;
                 for &l in &lens {
-                    let chunk = &data[o..o + l];
-                    self.store
-                        .put(&self.cfg.identifier.identify(chunk), chunk)?;
-                    next.push((o, l));
+                    next.push((o, l, self.cfg.identifier.identify(&data[o..o + l])));
                     o += l;
                 }
             }
-            spans = next;
+            spans = next.iter().map(|&(o, l, _)| (o, l)).collect();
+            levels.push(next);
+        }
+        let Some(finest) = levels.last() else {
+            return Ok(());
+        };
+        for &(o, l, id) in finest {
+            self.store.put(&id, &data[o..o + l])?;
+        }
+        for pair in levels.windows(2).rev() {
+            let (coarse, fine) = (&pair[0], &pair[1]);
+            for &(o, l, id) in coarse {
+                let parts = parts_of(fine, o, l, |p| (p.0, p.2));
+                self.keep_refined(&id, &data[o..o + l], &parts)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps a chunk whose parts at the next level are kept already: as their recipe where the
+    /// store takes one, else whole.
+    fn keep_refined(&self, id: &ChunkId, bytes: &[u8], parts: &[ChunkId]) -> Result<()> {
+        if !self.store.put_recipe(id, bytes.len() as u64, parts)? {
+            self.store.put(id, bytes)?;
         }
         Ok(())
     }
@@ -559,7 +581,12 @@ impl Receiver {
                     p.id
                 )));
             }
-            self.store.put(&p.id, bytes)?;
+            let parts = s
+                .levels
+                .get(level as usize + 1)
+                .map(|next| parts_of(next, p.off, p.len, |q| (q.off, q.id)))
+                .unwrap_or_default();
+            self.keep_refined(&p.id, bytes, &parts)?;
         }
         let busy = s.busy + self.frame_started.map_or(Duration::ZERO, |t| t.elapsed());
         let msg = self.msg.as_mut().expect("a segment belongs to a message");
@@ -603,4 +630,21 @@ impl Receiver {
         }
         Ok(())
     }
+}
+
+/// The ids of the chunks of `next` (sorted by offset; `key` gives a chunk's offset and id) that
+/// lie in the `len` bytes at `off`.
+fn parts_of<T>(
+    next: &[T],
+    off: usize,
+    len: usize,
+    key: impl Fn(&T) -> (usize, ChunkId),
+) -> Vec<ChunkId> {
+    let from = next.partition_point(|q| key(q).0 < off);
+    next[from..]
+        .iter()
+        .map(&key)
+        .take_while(|&(o, _)| o < off + len)
+        .map(|(_, id)| id)
+        .collect()
 }

@@ -9,7 +9,7 @@
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::segment::{Found, HEADER_LEN, RECORD_HEAD};
+use super::segment::{Found, HEADER_LEN, RECIPE_BIT, RECORD_HEAD};
 use crate::store::ChunkId;
 
 /// The first 8 bytes of every hint file.
@@ -46,7 +46,8 @@ pub fn encode(no: u32, seg_len: u64, records: &[Found]) -> Vec<u8> {
     for r in records {
         out.extend_from_slice(&r.id.0);
         out.extend_from_slice(&r.off.to_le_bytes());
-        out.extend_from_slice(&r.len.to_le_bytes());
+        let flag = if r.recipe { RECIPE_BIT } else { 0 };
+        out.extend_from_slice(&(r.len | flag).to_le_bytes());
     }
     let sum = xxh3_64(&out);
     out.extend_from_slice(&sum.to_le_bytes());
@@ -75,7 +76,8 @@ pub fn decode(b: &[u8], no: u32, seg_len: u64) -> Option<Vec<Found>> {
         let mut id = [0u8; 32];
         id.copy_from_slice(&e[..32]);
         let off = u32::from_le_bytes(e[32..36].try_into().expect("4 bytes"));
-        let len = u32::from_le_bytes(e[36..40].try_into().expect("4 bytes"));
+        let raw = u32::from_le_bytes(e[36..40].try_into().expect("4 bytes"));
+        let len = raw & !RECIPE_BIT;
         let end = u64::from(off) + RECORD_HEAD as u64 + u64::from(len);
         if u64::from(off) < next || end > seg_len {
             return None;
@@ -85,6 +87,7 @@ pub fn decode(b: &[u8], no: u32, seg_len: u64) -> Option<Vec<Found>> {
             id: ChunkId(id),
             off,
             len,
+            recipe: raw & RECIPE_BIT != 0,
         });
     }
     Some(out)
@@ -104,6 +107,7 @@ mod tests {
                     id: ChunkId([i as u8; 32]),
                     off,
                     len,
+                    recipe: i % 3 == 1,
                 };
                 off += RECORD_HEAD as u32 + len;
                 f

@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use crate::store::ChunkId;
 
 const USED: u32 = 1 << 31;
+/// The record is a recipe (data lengths stay below 2³⁰: segments are at most 1 GiB).
+const RECIPE: u32 = 1 << 30;
 
 /// Where a chunk's record is: segment number, offset, data length and the used bit.
 #[derive(Debug)]
@@ -16,25 +18,32 @@ pub struct Loc {
     pub seg: u32,
     /// Offset of the record in the segment.
     pub off: u32,
-    /// Data length in the low 31 bits; the top bit says the chunk was looked up since it was
-    /// written (set under a shared lock, hence atomic).
+    /// Data length in the low 30 bits; bit 30 says the record is a recipe, the top bit that
+    /// the chunk was looked up since it was written (set under a shared lock, hence atomic).
     len_used: AtomicU32,
 }
 
 impl Loc {
-    /// A chunk of `len` bytes (below 2³¹) at `off` of segment `seg`, not yet used.
-    pub fn new(seg: u32, off: u32, len: u32) -> Loc {
-        debug_assert!(len < USED);
+    /// A record of `len` bytes of data (below 2³⁰) at `off` of segment `seg`, not yet used;
+    /// `recipe` if the data is a recipe, not the chunk.
+    pub fn new(seg: u32, off: u32, len: u32, recipe: bool) -> Loc {
+        debug_assert!(len < RECIPE);
+        let flag = if recipe { RECIPE } else { 0 };
         Loc {
             seg,
             off,
-            len_used: AtomicU32::new(len & !USED),
+            len_used: AtomicU32::new((len & !(USED | RECIPE)) | flag),
         }
     }
 
-    /// Bytes of data.
+    /// Bytes of data in the record.
     pub fn len(&self) -> u32 {
-        self.len_used.load(Ordering::Relaxed) & !USED
+        self.len_used.load(Ordering::Relaxed) & !(USED | RECIPE)
+    }
+
+    /// Whether the record is a recipe.
+    pub fn recipe(&self) -> bool {
+        self.len_used.load(Ordering::Relaxed) & RECIPE != 0
     }
 
     /// Records that the chunk was looked up.
@@ -59,6 +68,8 @@ pub struct Evicted {
     pub len: u32,
     /// Whether it was looked up since it was written.
     pub used: bool,
+    /// Whether the record is a recipe.
+    pub recipe: bool,
 }
 
 /// The index proper, with the total data bytes of the chunks it holds.
@@ -111,6 +122,7 @@ impl Index {
                 off: loc.off,
                 len: loc.len(),
                 used: loc.used(),
+                recipe: loc.recipe(),
             });
             false
         });
@@ -151,10 +163,10 @@ mod tests {
     #[test]
     fn insert_replace_drain_and_account() {
         let mut ix = Index::default();
-        ix.insert(ChunkId([1; 32]), Loc::new(1, 32, 10));
-        ix.insert(ChunkId([2; 32]), Loc::new(1, 90, 20));
-        ix.insert(ChunkId([3; 32]), Loc::new(2, 32, 30));
-        ix.insert(ChunkId([1; 32]), Loc::new(2, 110, 10));
+        ix.insert(ChunkId([1; 32]), Loc::new(1, 32, 10, false));
+        ix.insert(ChunkId([2; 32]), Loc::new(1, 90, 20, true));
+        ix.insert(ChunkId([3; 32]), Loc::new(2, 32, 30, false));
+        ix.insert(ChunkId([1; 32]), Loc::new(2, 110, 10, false));
         assert_eq!((ix.len(), ix.data_bytes()), (3, 60));
         ix.get(&ChunkId([2; 32])).unwrap().mark_used();
         let gone = ix.drain_segment(1);
@@ -164,7 +176,8 @@ mod tests {
                 id: ChunkId([2; 32]),
                 off: 90,
                 len: 20,
-                used: true
+                used: true,
+                recipe: true
             }]
         );
         assert_eq!((ix.len(), ix.data_bytes()), (2, 40));

@@ -11,8 +11,14 @@ use crate::store::{ChunkId, StoreError};
 
 /// The first 8 bytes of every segment file.
 pub const MAGIC: [u8; 8] = *b"DWENVSEG";
-/// The segment format this build writes and reads.
-pub const VERSION: u32 = 1;
+/// The segment format this build writes: version 2 may hold recipe records.
+pub const VERSION: u32 = 2;
+/// The oldest segment format this build reads (version 1 never holds recipes).
+pub const MIN_VERSION: u32 = 1;
+/// Bit 31 of a record's length field: the record is a recipe (see [`encode_recipe`]).
+pub const RECIPE_BIT: u32 = 1 << 31;
+/// Bytes of a recipe's data before its part ids: the length of the chunk it makes.
+pub const RECIPE_HEAD: usize = 4;
 /// Bytes of the segment header.
 pub const HEADER_LEN: u64 = 32;
 /// Bytes of a record before its data: id, length, data checksum, header checksum.
@@ -36,17 +42,23 @@ pub fn parse_name(name: &str) -> Option<u32> {
 
 /// The header of segment `no`.
 pub fn encode_header(no: u32) -> [u8; HEADER_LEN as usize] {
+    encode_header_version(no, VERSION)
+}
+
+/// The header of segment `no` in format `version` (tests write older segments with it).
+pub fn encode_header_version(no: u32, version: u32) -> [u8; HEADER_LEN as usize] {
     let mut h = [0u8; HEADER_LEN as usize];
     h[0..8].copy_from_slice(&MAGIC);
-    h[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    h[8..12].copy_from_slice(&version.to_le_bytes());
     h[12..16].copy_from_slice(&no.to_le_bytes());
     let sum = xxh3_64(&h[0..24]);
     h[24..32].copy_from_slice(&sum.to_le_bytes());
     h
 }
 
-/// The segment number in a header, or why the file at `path` is not a segment we can read.
-pub fn decode_header(h: &[u8], path: &Path) -> Result<u32, StoreError> {
+/// The segment number and format version in a header, or why the file at `path` is not a
+/// segment we can read.
+pub fn decode_header(h: &[u8], path: &Path) -> Result<(u32, u32), StoreError> {
     let path = path.display();
     if h.len() < HEADER_LEN as usize || h[0..8] != MAGIC {
         return Err(StoreError::Corrupt(format!(
@@ -54,9 +66,10 @@ pub fn decode_header(h: &[u8], path: &Path) -> Result<u32, StoreError> {
         )));
     }
     let version = u32_at(h, 8);
-    if version != VERSION {
+    if !(MIN_VERSION..=VERSION).contains(&version) {
         return Err(StoreError::Refused(format!(
-            "{path} has segment format version {version}; this dedupwire reads version {VERSION}"
+            "{path} has segment format version {version}; this dedupwire reads versions \
+             {MIN_VERSION} to {VERSION}"
         )));
     }
     if xxh3_64(&h[0..24]) != u64_at(h, 24) {
@@ -64,7 +77,7 @@ pub fn decode_header(h: &[u8], path: &Path) -> Result<u32, StoreError> {
             "{path}: segment header checksum mismatch"
         )));
     }
-    Ok(u32_at(h, 12))
+    Ok((u32_at(h, 12), version))
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -84,11 +97,21 @@ fn seed(no: u32, off: u64) -> u64 {
 }
 
 /// Appends the record of `id` → `data` at offset `off` of segment `no` to `out`; `data_sum` is
-/// `xxh3_64(data)`.
-pub fn encode_record(out: &mut Vec<u8>, no: u32, off: u64, id: &ChunkId, data: &[u8], sum: u64) {
+/// `xxh3_64(data)`; `recipe` marks `data` as a recipe ([`encode_recipe`]), not the chunk.
+pub fn encode_record(
+    out: &mut Vec<u8>,
+    no: u32,
+    off: u64,
+    id: &ChunkId,
+    data: &[u8],
+    sum: u64,
+    recipe: bool,
+) {
+    debug_assert!((data.len() as u64) < u64::from(RECIPE_BIT));
     let start = out.len();
     out.extend_from_slice(&id.0);
-    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    let flag = if recipe { RECIPE_BIT } else { 0 };
+    out.extend_from_slice(&(data.len() as u32 | flag).to_le_bytes());
     out.extend_from_slice(&sum.to_le_bytes());
     let head_sum = xxh3_64_with_seed(&out[start..start + 44], seed(no, off)) as u32;
     out.extend_from_slice(&head_sum.to_le_bytes());
@@ -104,6 +127,8 @@ pub struct Head {
     pub len: u32,
     /// xxh3-64 of the data.
     pub sum: u64,
+    /// Whether the data is a recipe.
+    pub recipe: bool,
 }
 
 /// The record header in `b` (at least [`RECORD_HEAD`] bytes) at `off` of segment `no`, if its
@@ -117,18 +142,27 @@ pub fn decode_head(b: &[u8], no: u32, off: u64) -> Option<Head> {
     }
     let mut id = [0u8; 32];
     id.copy_from_slice(&b[..32]);
+    let len = u32_at(b, 32);
     Some(Head {
         id: ChunkId(id),
-        len: u32_at(b, 32),
+        len: len & !RECIPE_BIT,
         sum: u64_at(b, 36),
+        recipe: len & RECIPE_BIT != 0,
     })
 }
 
 /// Why the record `b` (header and data) read back from `off` of segment `no` is not the chunk
-/// `id` of `len` bytes.
-pub fn verify_record(b: &[u8], no: u32, off: u64, id: &ChunkId, len: u32) -> Result<(), String> {
+/// `id` of `len` bytes (or its recipe, if `recipe`).
+pub fn verify_record(
+    b: &[u8],
+    no: u32,
+    off: u64,
+    id: &ChunkId,
+    len: u32,
+    recipe: bool,
+) -> Result<(), String> {
     let head = decode_head(b, no, off).ok_or("record header checksum mismatch")?;
-    if head.id != *id || head.len != len {
+    if head.id != *id || head.len != len || head.recipe != recipe {
         return Err(format!(
             "record holds chunk {:?} of {} bytes, the index expected {id:?} of {len} bytes",
             head.id, head.len
@@ -161,6 +195,8 @@ pub struct Found {
     pub off: u32,
     /// Bytes of data.
     pub len: u32,
+    /// Whether the data is a recipe.
+    pub recipe: bool,
 }
 
 /// What [`scan`] found in one segment.
@@ -201,6 +237,7 @@ pub fn scan(buf: &[u8], no: u32) -> Scan {
                     id: head.id,
                     off: pos as u32,
                     len: head.len,
+                    recipe: head.recipe,
                 });
                 pos += len;
                 out.end = pos as u64;
@@ -212,6 +249,29 @@ pub fn scan(buf: &[u8], no: u32) -> Scan {
         }
     }
     out
+}
+
+/// A recipe's data: the chunk made by joining `parts` (chunks held whole) is `len` bytes long.
+pub fn encode_recipe(len: u32, parts: &[ChunkId]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(RECIPE_HEAD + 32 * parts.len());
+    out.extend_from_slice(&len.to_le_bytes());
+    for p in parts {
+        out.extend_from_slice(&p.0);
+    }
+    out
+}
+
+/// The length and parts a recipe's data names, if it is well formed (at least one part).
+pub fn decode_recipe(data: &[u8]) -> Option<(u32, Vec<ChunkId>)> {
+    let ids = data.get(RECIPE_HEAD..)?;
+    if ids.is_empty() || ids.len() % 32 != 0 {
+        return None;
+    }
+    let parts = ids
+        .chunks_exact(32)
+        .map(|c| ChunkId(c.try_into().expect("32 bytes")))
+        .collect();
+    Some((u32_at(data, 0), parts))
 }
 
 #[cfg(unix)]
@@ -277,7 +337,7 @@ mod tests {
         let mut b = encode_header(no).to_vec();
         for (id, data) in chunks {
             let off = b.len() as u64;
-            encode_record(&mut b, no, off, &ChunkId(**id), data, xxh3_64(data));
+            encode_record(&mut b, no, off, &ChunkId(**id), data, xxh3_64(data), false);
         }
         b
     }
@@ -300,7 +360,12 @@ mod tests {
     #[test]
     fn header_round_trip_and_errors() {
         let p = Path::new("x.seg");
-        assert_eq!(decode_header(&encode_header(7), p).unwrap(), 7);
+        assert_eq!(decode_header(&encode_header(7), p).unwrap(), (7, VERSION));
+        assert_eq!(
+            decode_header(&encode_header_version(7, 1), p).unwrap(),
+            (7, 1),
+            "older segments are read"
+        );
         let mut h = encode_header(7);
         h[0] ^= 1;
         assert!(matches!(decode_header(&h, p), Err(StoreError::Corrupt(m)) if m.contains("x.seg")));
@@ -348,6 +413,36 @@ mod tests {
                 "a torn tail is not damage (cut {cut})"
             );
         }
+    }
+
+    #[test]
+    fn recipes_are_records_with_a_flag_and_round_trip() {
+        let parts = [ChunkId([4; 32]), ChunkId([5; 32])];
+        let data = encode_recipe(300, &parts);
+        assert_eq!(decode_recipe(&data), Some((300, parts.to_vec())));
+        assert_eq!(decode_recipe(&data[..4]), None, "no part");
+        assert_eq!(decode_recipe(&data[..40]), None, "a part cut short");
+        let mut b = segment(3, &[(&[1; 32], b"one")]);
+        let off = b.len() as u64;
+        encode_record(
+            &mut b,
+            3,
+            off,
+            &ChunkId([2; 32]),
+            &data,
+            xxh3_64(&data),
+            true,
+        );
+        let s = scan(&b, 3);
+        assert_eq!(s.records.len(), 2);
+        assert!(!s.records[0].recipe && s.records[1].recipe);
+        assert_eq!(s.records[1].len as usize, data.len());
+        let rec = &b[off as usize..];
+        assert_eq!(
+            verify_record(rec, 3, off, &ChunkId([2; 32]), data.len() as u32, true),
+            Ok(())
+        );
+        assert!(verify_record(rec, 3, off, &ChunkId([2; 32]), data.len() as u32, false).is_err());
     }
 
     #[test]

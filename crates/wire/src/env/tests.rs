@@ -352,15 +352,15 @@ fn bad_magic_and_unknown_version_name_the_file() {
     }
     flip(&path, 2);
     let mut b = fs::read(&path).unwrap();
-    b[8..12].copy_from_slice(&2u32.to_le_bytes());
+    b[8..12].copy_from_slice(&3u32.to_le_bytes());
     fs::write(&path, &b).unwrap();
     match Environment::open(dir.path(), small()) {
         Err(StoreError::Refused(m)) => {
-            assert!(m.contains("00000001.seg") && m.contains("version 2"), "{m}")
+            assert!(m.contains("00000001.seg") && m.contains("version 3"), "{m}")
         }
         other => panic!("expected Refused, got {other:?}"),
     }
-    b[8..12].copy_from_slice(&1u32.to_le_bytes());
+    b[8..12].copy_from_slice(&segment::VERSION.to_le_bytes());
     b[13] ^= 1;
     fs::write(&path, &b).unwrap();
     assert!(
@@ -959,4 +959,133 @@ proptest! {
             prop_assert_eq!(env.get(&id(1)).unwrap(), Some(b"still usable".to_vec()));
         }
     }
+}
+
+fn joined(ns: &[u64], len: usize) -> Vec<u8> {
+    ns.iter().flat_map(|&n| data(n, len)).collect()
+}
+
+#[test]
+fn a_recipe_keeps_a_chunk_as_its_parts_and_reads_back_whole() {
+    let dir = TempDir::new().unwrap();
+    let env = Environment::open(dir.path(), hinted_config()).unwrap();
+    for n in 1..=3 {
+        env.put(&id(n), &data(n, 1000)).unwrap();
+    }
+    let parts = [id(1), id(2), id(3)];
+    let before = env.stats().chunk_bytes;
+    assert!(env.put_recipe(&id(9), 3000, &parts).unwrap());
+    assert_eq!(
+        env.stats().chunk_bytes - before,
+        4 + 3 * 32,
+        "ids, not bytes"
+    );
+    assert!(env.contains(&id(9)).unwrap());
+    assert_eq!(
+        env.contains_many(&[id(9), id(8)]).unwrap(),
+        vec![true, false]
+    );
+    assert_eq!(env.get(&id(9)).unwrap(), Some(joined(&[1, 2, 3], 1000)));
+    assert!(
+        env.put_recipe(&id(9), 3000, &parts).unwrap(),
+        "held already"
+    );
+    assert!(
+        !env.put_recipe(&id(7), 2999, &parts).unwrap(),
+        "lengths must add up"
+    );
+    assert!(
+        !env.put_recipe(&id(7), 4000, &[id(1), id(2), id(3), id(4)])
+            .unwrap(),
+        "a part not held"
+    );
+    assert!(
+        !env.put_recipe(&id(7), 3000, &[id(9)]).unwrap(),
+        "a recipe is no part"
+    );
+    assert!(!env.put_recipe(&id(7), 0, &[]).unwrap());
+    drop(env);
+
+    let env = Environment::open(dir.path(), hinted_config()).unwrap();
+    assert_eq!(env.stats().hinted_segments, 1);
+    assert_eq!(env.get(&id(9)).unwrap(), Some(joined(&[1, 2, 3], 1000)));
+    drop(env);
+    fs::remove_file(hint_path(dir.path(), 1)).unwrap();
+    let env = Environment::open(dir.path(), hinted_config()).unwrap();
+    assert_eq!(env.stats().hinted_segments, 0, "scanned");
+    assert_eq!(env.get(&id(9)).unwrap(), Some(joined(&[1, 2, 3], 1000)));
+}
+
+#[test]
+fn a_recipe_that_lost_a_part_is_not_held_and_gives_way_to_the_bytes() {
+    let dir = TempDir::new().unwrap();
+    let env = Environment::open(dir.path(), hinted_config()).unwrap();
+    env.put(&id(1), &data(1, 1000)).unwrap();
+    env.put(&id(2), &data(2, 1000)).unwrap();
+    let mut n = 100;
+    while env.stats().segments < 2 {
+        env.put(&id(n), &data(n, 1000)).unwrap();
+        n += 1;
+    }
+    assert!(env.put_recipe(&id(9), 2000, &[id(1), id(2)]).unwrap());
+    while env.stats().evictions == 0 {
+        env.put(&id(n), &data(n, 1000)).unwrap();
+        n += 1;
+    }
+    assert_eq!(env.get(&id(1)).unwrap(), None, "the parts' segment went");
+    assert!(!env.contains(&id(9)).unwrap());
+    assert_eq!(env.get(&id(9)).unwrap(), None);
+    env.put(&id(9), &joined(&[1, 2], 1000)).unwrap();
+    assert_eq!(env.get(&id(9)).unwrap(), Some(joined(&[1, 2], 1000)));
+}
+
+#[test]
+fn second_chance_keeps_a_used_recipe_with_its_parts() {
+    let dir = TempDir::new().unwrap();
+    let config = EnvConfig {
+        second_chance: true,
+        ..hinted_config()
+    };
+    let env = Environment::open(dir.path(), config.clone()).unwrap();
+    env.put(&id(1), &data(1, 1000)).unwrap();
+    env.put(&id(2), &data(2, 1000)).unwrap();
+    assert!(env.put_recipe(&id(9), 2000, &[id(1), id(2)]).unwrap());
+    assert!(env.contains(&id(9)).unwrap(), "used: recipe and parts");
+    let mut n = 100;
+    while env.stats().evictions == 0 {
+        env.put(&id(n), &data(n, 1000)).unwrap();
+        n += 1;
+    }
+    assert!(env.stats().rescued_chunks >= 3);
+    assert_eq!(env.get(&id(9)).unwrap(), Some(joined(&[1, 2], 1000)));
+    drop(env);
+    let env = Environment::open(dir.path(), config).unwrap();
+    assert_eq!(env.get(&id(9)).unwrap(), Some(joined(&[1, 2], 1000)));
+}
+
+#[test]
+fn recipes_start_a_new_segment_after_one_of_the_older_format() {
+    let dir = TempDir::new().unwrap();
+    let mut b = segment::encode_header_version(1, 1).to_vec();
+    for n in 1..=2 {
+        let (off, d) = (b.len() as u64, data(n, 1000));
+        segment::encode_record(&mut b, 1, off, &id(n), &d, xxh3_64(&d), false);
+    }
+    fs::write(seg_path(dir.path(), 1), &b).unwrap();
+    let env = Environment::open(dir.path(), hinted_config()).unwrap();
+    assert_eq!(
+        env.get(&id(2)).unwrap(),
+        Some(data(2, 1000)),
+        "version 1 is read"
+    );
+    assert!(env.put_recipe(&id(9), 2000, &[id(1), id(2)]).unwrap());
+    assert_eq!(env.stats().segments, 2);
+    assert_eq!(
+        fs::read(seg_path(dir.path(), 1)).unwrap(),
+        b,
+        "left as it was"
+    );
+    drop(env);
+    let env = Environment::open(dir.path(), hinted_config()).unwrap();
+    assert_eq!(env.get(&id(9)).unwrap(), Some(joined(&[1, 2], 1000)));
 }
