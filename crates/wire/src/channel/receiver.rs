@@ -571,7 +571,8 @@ impl Receiver {
             return Ok(());
         }
         let s = self.segs.remove(&seg).expect("checked");
-        for &(level, index) in &s.refined {
+        // Finest first: a chunk's recipe may then name the recipes of its refined parts.
+        for &(level, index) in s.refined.iter().rev() {
             let p = s.levels[level as usize][index as usize];
             let bytes = &s.buf[p.off..p.off + p.len];
             if self.cfg.identifier.identify(bytes) != p.id {

@@ -1212,16 +1212,37 @@ impl ChunkStore for Environment {
         Ok(found)
     }
 
-    /// Keeps the recipe in the newest segment, if every part is held whole and their lengths
-    /// add up to `len`. A recipe outlives its parts only as a dead record: `contains` and
-    /// `get` check the parts and drop it.
+    /// Keeps the recipe in the newest segment, if every part is held (a part kept as a recipe
+    /// is replaced by its own parts, so every recipe names whole chunks) and their lengths add
+    /// up to `len`. A recipe outlives its parts only as a dead record: `contains` and `get`
+    /// check the parts and drop it.
     fn put_recipe(&self, id: &ChunkId, len: u64, parts: &[ChunkId]) -> Result<bool, StoreError> {
-        let data_len = segment::RECIPE_HEAD + 32 * parts.len();
-        if parts.is_empty()
-            || parts.len() > MAX_RECIPE_PARTS
-            || len > self.config.max_chunk_bytes()
-            || data_len as u64 > self.config.max_chunk_bytes()
-        {
+        if parts.is_empty() || len > self.config.max_chunk_bytes() {
+            return Ok(false);
+        }
+        if self.read().index.contains(id) {
+            return Ok(true);
+        }
+        let mut flat = Vec::with_capacity(parts.len());
+        for p in parts {
+            match self.locate(p) {
+                None => return Ok(false),
+                Some((_, _, _, false)) => flat.push(*p),
+                Some((seg, off, rlen, true)) => {
+                    let Ok(data) = Self::read_record(&seg, p, off, rlen, true)? else {
+                        return Ok(false);
+                    };
+                    let Some((_, inner)) = segment::decode_recipe(&data) else {
+                        return Ok(false);
+                    };
+                    flat.extend(inner);
+                }
+            }
+            if flat.len() > MAX_RECIPE_PARTS {
+                return Ok(false);
+            }
+        }
+        if (segment::RECIPE_HEAD + 32 * flat.len()) as u64 > self.config.max_chunk_bytes() {
             return Ok(false);
         }
         let mut w = self.writer();
@@ -1231,7 +1252,7 @@ impl ChunkStore for Environment {
                 return Ok(true);
             }
             let mut sum = 0u64;
-            for p in parts {
+            for p in &flat {
                 match st.index.get(p) {
                     Some(l) if !l.recipe() => {
                         l.mark_used();
@@ -1244,7 +1265,7 @@ impl ChunkStore for Environment {
                 return Ok(false);
             }
         }
-        let data = segment::encode_recipe(len as u32, parts);
+        let data = segment::encode_recipe(len as u32, &flat);
         self.append(&mut w, id, &data, xxh3_64(&data), true)?;
         self.evict(&mut w)?;
         Ok(true)

@@ -999,10 +999,12 @@ fn a_recipe_keeps_a_chunk_as_its_parts_and_reads_back_whole() {
             .unwrap(),
         "a part not held"
     );
+    env.put(&id(4), &data(4, 1000)).unwrap();
     assert!(
-        !env.put_recipe(&id(7), 3000, &[id(9)]).unwrap(),
-        "a recipe is no part"
+        env.put_recipe(&id(8), 4000, &[id(9), id(4)]).unwrap(),
+        "a recipe part stands for its parts"
     );
+    assert_eq!(env.get(&id(8)).unwrap(), Some(joined(&[1, 2, 3, 4], 1000)));
     assert!(!env.put_recipe(&id(7), 0, &[]).unwrap());
     drop(env);
 
