@@ -725,6 +725,24 @@ fn a_receivers_environment_keeps_each_byte_once_across_levels() {
 }
 
 #[test]
+fn a_senders_environment_keeps_no_coarse_copy_of_what_it_sent_fine() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let env = Arc::new(Environment::open(dir.path(), EnvConfig::default()).unwrap());
+    let sender: Arc<dyn ChunkStore> = env.clone();
+    let receiver: Arc<dyn ChunkStore> = Arc::new(MemoryStore::new());
+    let message = structured(4 << 20, 71);
+    send_on_new_connection(sender.clone(), receiver.clone(), message.clone());
+    let kept = env.stats().chunk_bytes;
+    let again = send_on_new_connection(sender, receiver, message);
+    assert!(again.chunks_hit > 0, "{again:?}");
+    let grew = env.stats().chunk_bytes - kept;
+    assert!(
+        grew < kept / 20,
+        "{grew} more bytes kept for a message sent before"
+    );
+}
+
+#[test]
 fn adaptive_mode_sends_random_data_plain_over_loopback() {
     let mut c = small_segments(ChannelConfig::default());
     c.mode = Mode::Adaptive;
