@@ -28,11 +28,7 @@ pub fn file_name(no: u32) -> String {
 
 /// The segment number a file name stands for, if it names a hint.
 pub fn parse_name(name: &str) -> Option<u32> {
-    let hex = name.strip_suffix(".hint")?;
-    if hex.len() != 8 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    u32::from_str_radix(hex, 16).ok()
+    super::segment::parse_numbered(name, ".hint")
 }
 
 /// The hint of segment `no`, `seg_len` bytes long, holding `records` in file order.

@@ -1220,7 +1220,8 @@ impl ChunkStore for Environment {
         if parts.is_empty() || len > self.config.max_chunk_bytes() {
             return Ok(false);
         }
-        if self.read().index.contains(id) {
+        // A recipe that lost a part does not count: `holds` drops it, and a new one replaces it.
+        if self.holds(id)? {
             return Ok(true);
         }
         let mut flat = Vec::with_capacity(parts.len());
@@ -1228,15 +1229,11 @@ impl ChunkStore for Environment {
             match self.locate(p) {
                 None => return Ok(false),
                 Some((_, _, _, false)) => flat.push(*p),
-                Some((seg, off, rlen, true)) => {
-                    let Ok(data) = Self::read_record(&seg, p, off, rlen, true)? else {
-                        return Ok(false);
-                    };
-                    let Some((_, inner)) = segment::decode_recipe(&data) else {
-                        return Ok(false);
-                    };
-                    flat.extend(inner);
-                }
+                Some(at) => match self.recipe_parts(p, &at) {
+                    Ok(Some((_, inner))) => flat.extend(inner),
+                    Ok(None) | Err(StoreError::Corrupt(_)) => return Ok(false),
+                    Err(e) => return Err(e),
+                },
             }
             if flat.len() > MAX_RECIPE_PARTS {
                 return Ok(false);

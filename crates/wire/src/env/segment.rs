@@ -33,7 +33,13 @@ pub fn file_name(no: u32) -> String {
 
 /// The segment number a file name stands for, if it names a segment.
 pub fn parse_name(name: &str) -> Option<u32> {
-    let hex = name.strip_suffix(".seg")?;
+    parse_numbered(name, ".seg")
+}
+
+/// The segment number in `name` if it is eight hex digits and then `suffix` (segments, their
+/// hints).
+pub fn parse_numbered(name: &str, suffix: &str) -> Option<u32> {
+    let hex = name.strip_suffix(suffix)?;
     if hex.len() != 8 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }

@@ -1035,9 +1035,36 @@ fn a_recipe_that_lost_a_part_is_not_held_and_gives_way_to_the_bytes() {
         n += 1;
     }
     assert_eq!(env.get(&id(1)).unwrap(), None, "the parts' segment went");
+    assert!(
+        !env.put_recipe(&id(9), 2000, &[id(1), id(2)]).unwrap(),
+        "parts gone"
+    );
     assert!(!env.contains(&id(9)).unwrap());
     assert_eq!(env.get(&id(9)).unwrap(), None);
     env.put(&id(9), &joined(&[1, 2], 1000)).unwrap();
+    assert_eq!(env.get(&id(9)).unwrap(), Some(joined(&[1, 2], 1000)));
+}
+
+#[test]
+fn a_recipe_that_lost_a_part_gives_way_to_a_new_recipe() {
+    let dir = TempDir::new().unwrap();
+    let env = Environment::open(dir.path(), hinted_config()).unwrap();
+    env.put(&id(1), &data(1, 1000)).unwrap();
+    env.put(&id(2), &data(2, 1000)).unwrap();
+    let mut n = 100;
+    while env.stats().segments < 2 {
+        env.put(&id(n), &data(n, 1000)).unwrap();
+        n += 1;
+    }
+    assert!(env.put_recipe(&id(9), 2000, &[id(1), id(2)]).unwrap());
+    while env.stats().evictions == 0 {
+        env.put(&id(n), &data(n, 1000)).unwrap();
+        n += 1;
+    }
+    // The parts arrive again: the dead recipe must not pass for held.
+    env.put(&id(3), &data(1, 1000)).unwrap();
+    env.put(&id(4), &data(2, 1000)).unwrap();
+    assert!(env.put_recipe(&id(9), 2000, &[id(3), id(4)]).unwrap());
     assert_eq!(env.get(&id(9)).unwrap(), Some(joined(&[1, 2], 1000)));
 }
 
