@@ -7,12 +7,15 @@
 //! fuzzer reaches the records), bit 1 splits them into two segments, bit 2 also writes them
 //! as the sketch file, bit 3 also makes them (in 40-byte records) the hint of segment 1 with
 //! a valid checksum, so that the fuzzer reaches hints that point anywhere; bit 4 makes the
-//! headers version 2, whose segments may hold recipes (chunks kept as lists of other chunks).
+//! headers version 2, whose segments may hold recipes (chunks kept as lists of other chunks);
+//! bit 5 also writes them as the note `adaptive-lan` (with bit 0, behind a valid note header),
+//! read back as a note and as the channel's adaptive prior.
 #![no_main]
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use dedupwire_wire::channel::Prior;
 use dedupwire_wire::{ChunkId, ChunkStore, EnvConfig, Environment, Sketch, StoreError};
 use libfuzzer_sys::fuzz_target;
 
@@ -95,7 +98,27 @@ fuzz_target!(|data: &[u8]| {
         file.extend_from_slice(body);
         std::fs::write(dir.join("sketches"), file).expect("write sketch file");
     }
+    if mode & 32 != 0 {
+        let mut file = Vec::new();
+        if mode & 1 != 0 {
+            let mut summed = (body.len() as u32).to_le_bytes().to_vec();
+            summed.extend_from_slice(body);
+            file.extend_from_slice(b"DWENVNOT");
+            file.push(1);
+            file.extend_from_slice(&(body.len() as u32).to_le_bytes());
+            file.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(&summed).to_le_bytes());
+        }
+        file.extend_from_slice(body);
+        std::fs::write(dir.join("note-adaptive-lan"), file).expect("write note");
+    }
     if let Ok(env) = Environment::open(&dir, config()) {
+        if let Some(note) = env.note("adaptive-lan").expect("a note reads or is none") {
+            assert!(note.len() <= 4096);
+            if let Some(prior) = Prior::decode(&note) {
+                assert_eq!(Prior::decode(&prior.encode()), Some(prior));
+            }
+        }
+        env.keep_note("adaptive-lan", body.get(..4096).unwrap_or(body)).expect("keep a note");
         // Every record's id is 32 bytes of the input: asking for every window asks for every
         // indexed chunk.
         for w in body.windows(32) {
@@ -125,6 +148,8 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(env.get(&id).expect("get").as_deref(), Some(&b"still usable"[..]));
         let recalled = env.recall().expect("recall after reopen");
         assert_eq!(recalled.last(), Some(&sketch), "the sketch remembered last comes back last");
+        let kept = env.note("adaptive-lan").expect("note after reopen");
+        assert_eq!(kept.as_deref(), Some(body.get(..4096).unwrap_or(body)));
     }
     let _ = std::fs::remove_dir_all(&dir);
 });

@@ -96,6 +96,47 @@ pub trait ChunkStore: Send + Sync {
     fn recall(&self) -> Result<Vec<Sketch>, StoreError> {
         Ok(Vec::new())
     }
+    /// Keeps `note` (at most [`MAX_NOTE_BYTES`]) under `key` (see [`check_note_key`]) for
+    /// later streams, replacing the one before: what a channel measured that the next
+    /// connection starts from. Advisory, like sketches: this default keeps none.
+    fn keep_note(&self, key: &str, note: &[u8]) -> Result<(), StoreError> {
+        check_note(key, note)
+    }
+    /// The note last kept under `key`; `None` if there is none or it was damaged.
+    fn note(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        check_note_key(key)?;
+        Ok(None)
+    }
+}
+
+/// The largest note a store keeps.
+pub const MAX_NOTE_BYTES: usize = 4096;
+
+/// Refuses a note key other than 1 to 32 of `a-z`, `0-9` and `-` (it names a file).
+pub fn check_note_key(key: &str) -> Result<(), StoreError> {
+    let ok = (1..=32).contains(&key.len())
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::Refused(format!(
+            "note key {key:?}: 1 to 32 of a-z, 0-9 and -"
+        )))
+    }
+}
+
+/// Refuses a note a store cannot keep.
+pub(crate) fn check_note(key: &str, note: &[u8]) -> Result<(), StoreError> {
+    check_note_key(key)?;
+    if note.len() > MAX_NOTE_BYTES {
+        return Err(StoreError::Refused(format!(
+            "a note of {} bytes; at most {MAX_NOTE_BYTES} are kept",
+            note.len()
+        )));
+    }
+    Ok(())
 }
 
 /// Refuses sketches a store cannot keep.
@@ -118,6 +159,7 @@ pub(crate) fn check_sketches(sketches: &[Sketch]) -> Result<(), StoreError> {
 pub struct MemoryStore {
     chunks: RwLock<HashMap<ChunkId, Vec<u8>>>,
     sketches: Mutex<Vec<Sketch>>,
+    notes: Mutex<HashMap<String, Vec<u8>>>,
 }
 
 impl MemoryStore {
@@ -183,6 +225,25 @@ impl ChunkStore for MemoryStore {
             .filter(|s| chunks.contains_key(&s.id))
             .cloned()
             .collect())
+    }
+
+    fn keep_note(&self, key: &str, note: &[u8]) -> Result<(), StoreError> {
+        check_note(key, note)?;
+        self.notes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.to_owned(), note.to_vec());
+        Ok(())
+    }
+
+    fn note(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        check_note_key(key)?;
+        Ok(self
+            .notes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .cloned())
     }
 }
 

@@ -781,6 +781,86 @@ fn adaptive_mode_sends_random_data_plain_over_loopback() {
     );
 }
 
+/// A prior as `Prior::encode` lays it out (FORMAT.md, "Adaptive prior"): dedup's and plain's
+/// sender seconds per byte, nothing on the wire or at the receiver, the link not limiting.
+fn prior_note(dedup_secs: f64, plain_secs: f64) -> Vec<u8> {
+    let mut b = vec![1, 2, 0];
+    for v in [dedup_secs, 0.0, 0.0, plain_secs, 0.0, 0.0, 0.0] {
+        b.extend_from_slice(&f64::to_le_bytes(v));
+    }
+    b
+}
+
+/// Sends `messages` over a new plaintext connection in the adaptive mode, the sender's store
+/// being `store`; returns the sender's stats.
+fn adaptive_connection(store: Arc<MemoryStore>, messages: Vec<Vec<u8>>) -> ChannelStats {
+    let mut c = small_segments(ChannelConfig::default());
+    c.mode = Mode::Adaptive;
+    let expect = messages.clone();
+    let listener = DedupListener::bind(
+        "127.0.0.1:0",
+        Security::InsecurePlaintext,
+        Arc::new(MemoryStore::new()),
+        c.clone(),
+    )
+    .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let h = thread::spawn(move || {
+        let mut s = listener.accept().unwrap();
+        for m in &expect {
+            assert_eq!(&s.recv().unwrap(), m);
+        }
+    });
+    let mut s = DedupStream::connect(addr, Security::InsecurePlaintext, store, c).unwrap();
+    for m in &messages {
+        s.send(m).unwrap();
+    }
+    let st = s.stats();
+    s.close().unwrap();
+    h.join().unwrap();
+    st
+}
+
+/// The prior a connection as far away as loopback reads: the LAN's, or the WAN's where the
+/// handshake's round trip took over a millisecond (a loaded machine).
+fn loopback_prior(store: &MemoryStore) -> Option<Vec<u8>> {
+    let lan = store.note("adaptive-lan").unwrap();
+    lan.or_else(|| store.note("adaptive-wan").unwrap())
+}
+
+fn keep_loopback_prior(store: &MemoryStore, note: &[u8]) {
+    for key in ["adaptive-lan", "adaptive-wan"] {
+        store.keep_note(key, note).unwrap();
+    }
+}
+
+#[test]
+fn the_next_connection_starts_from_what_the_last_one_measured() {
+    let store = Arc::new(MemoryStore::new());
+    let messages: Vec<Vec<u8>> = (0..6).map(|i| random(512 << 10, 90 + i)).collect();
+    adaptive_connection(store.clone(), messages);
+    let kept = loopback_prior(&store).expect("a prior kept at close");
+    assert!(dedupwire_wire::channel::Prior::decode(&kept).is_some());
+
+    // 384 KiB: at most six segments, fewer than the probe interval. Without a prior, segments
+    // alternate from the first, dedup first (at least two each way), or a WAN away dedup
+    // segments carry it all; with one, its way goes first and the other is probed once.
+    keep_loopback_prior(&store, &prior_note(1e-3, 1e-9));
+    let st = adaptive_connection(store.clone(), vec![random(384 << 10, 97)]);
+    assert!(
+        st.segments_dedup <= 1 && st.segments_plain >= 2,
+        "the prior favours plain: {st:?}"
+    );
+    keep_loopback_prior(&store, &prior_note(1e-9, 1e-3));
+    let st = adaptive_connection(store.clone(), vec![random(384 << 10, 98)]);
+    assert!(st.segments_plain <= 1, "the prior favours dedup: {st:?}");
+    assert_ne!(
+        store.note("adaptive-lan").unwrap(),
+        store.note("adaptive-wan").unwrap(),
+        "one replaced by this connection's"
+    );
+}
+
 /// A relay on loopback that holds every byte `delay` in each direction before passing it on:
 /// a WAN's round trip without a WAN. Returns the address to connect to instead of `target`.
 fn delayed_relay(target: std::net::SocketAddr, delay: Duration) -> std::net::SocketAddr {

@@ -36,6 +36,17 @@
 //! bottleneck), and back up when it mostly waits, for the other end or for the application's
 //! bytes (a faster level would then only cost bytes).
 //!
+//! A connection does not start from nothing: when it closes, the sender keeps what it
+//! measured in its store as a [`Prior`] (per message byte, each way's costs; the link's rate
+//! as it limited; the plain level), one for peers a LAN away and one for the others, and
+//! the next connection as far away starts from it: no sampling of both ways first, the way
+//! the prior favours from the first segment, a probe of the other way at the second (the
+//! prior may be another data's or another peer's), then probes as usual. The connection's
+//! own first measurement of a way replaces the prior's. (Each of the links bench's transfers
+//! is a new connection: unshaped, tokio's releases each sampled plain before dedup's few
+//! bytes were known to win, and Django's chose dedup for whole segments before plain's first
+//! measurement came back.)
+//!
 //! A plain segment teaches the sender nothing about what the receiver holds, so a dedup probe
 //! after a plain streak would find no delta bases and look worse than it is. While the link
 //! bounds plain sending (and until the link's rate is known), the sender indexes plain
@@ -201,6 +212,12 @@ pub(crate) struct Adaptive {
     dry: bool,
     /// A plain segment has been acknowledged (plain's estimate is not only dry samples).
     plain_sent: bool,
+    /// The link's rate as the prior had it (infinite: it did not limit), until measured.
+    prior_link: Option<f64>,
+    /// Started from a prior, and the other way not probed yet.
+    primed: bool,
+    /// Each way's sums (dedup, plain) are still the prior's.
+    from_prior: [bool; 2],
 }
 
 impl Adaptive {
@@ -231,7 +248,73 @@ impl Adaptive {
             sample: false,
             dry: false,
             plain_sent: false,
+            prior_link: None,
+            primed: false,
+            from_prior: [false; 2],
         }
+    }
+
+    /// Starts from what an earlier connection measured, if nothing was measured yet; the
+    /// connection's first measurement of a way replaces the prior's.
+    pub(crate) fn prime(&mut self, prior: &Prior) {
+        if self.mode != Mode::Adaptive || self.dedup.is_some() || self.plain.is_some() {
+            return;
+        }
+        let sums = |p: PerByte| {
+            // Any weight: only the ratios count until a measurement replaces them.
+            let b = 1e6;
+            Sums {
+                bytes: b,
+                secs: p.secs * b,
+                wire: p.wire * b,
+                recv: p.recv * b,
+            }
+        };
+        self.dedup = Some(sums(prior.dedup));
+        self.plain = Some(sums(prior.plain));
+        self.prior_link = Some(prior.link.unwrap_or(f64::INFINITY));
+        self.rung = usize::from(prior.rung).min(self.ladder.len().saturating_sub(1));
+        self.plain_sent = prior.plain_sent;
+        self.primed = true;
+        self.from_prior = [true; 2];
+    }
+
+    /// What this connection measured, for the next one: once both ways and the link are
+    /// known.
+    pub(crate) fn prior(&self) -> Option<Prior> {
+        let per_byte = |s: Sums| PerByte {
+            secs: s.secs / s.bytes,
+            wire: s.wire / s.bytes,
+            recv: s.recv / s.bytes,
+        };
+        let (d, p) = (self.dedup?, self.plain?);
+        let link = self.link()?;
+        (self.mode == Mode::Adaptive && d.bytes > 0.0 && p.bytes > 0.0).then(|| Prior {
+            dedup: per_byte(d),
+            plain: per_byte(p),
+            link: link.is_finite().then_some(link),
+            rung: u8::try_from(self.rung).unwrap_or(u8::MAX),
+            plain_sent: self.plain_sent,
+        })
+    }
+
+    /// The store key of the prior for this connection's distance, once the round trip is
+    /// known.
+    pub(crate) fn prior_key(&self) -> Option<&'static str> {
+        self.rtt?;
+        Some(if self.lan() {
+            "adaptive-lan"
+        } else {
+            "adaptive-wan"
+        })
+    }
+
+    /// The link's rate as it limits the estimates (infinite where it does not; see
+    /// [`Adaptive::limiting`]), measured or else the prior's; `None` while unknown.
+    fn link(&self) -> Option<f64> {
+        self.link_rate()
+            .map(|l| self.limiting(l))
+            .or(self.prior_link)
     }
 
     /// The zstd level for the next plain segment, when it adapts.
@@ -263,7 +346,7 @@ impl Adaptive {
 
     /// Whether the link's rate is still unknown (plain segments are then kept regardless).
     pub(crate) fn warming_up(&self) -> bool {
-        self.link_rate().is_none()
+        self.link().is_none()
     }
 
     /// The share of the sender's time spent waiting for the other end.
@@ -301,9 +384,8 @@ impl Adaptive {
         match self.mode {
             Mode::Dedup => Way::Dedup,
             Mode::Plain => Way::Plain,
-            Mode::Adaptive => match (self.dedup, self.plain, self.link_rate()) {
+            Mode::Adaptive => match (self.dedup, self.plain, self.link()) {
                 (Some(d), Some(p), Some(link)) => {
-                    let link = self.limiting(link);
                     let lan = self.lan();
                     let margin = if lan { 1.0 } else { PLAIN_MARGIN };
                     let best = if p.rate(link, lan) > d.rate(link, lan) * margin {
@@ -327,7 +409,11 @@ impl Adaptive {
                     } else {
                         self.probe_every
                     };
-                    self.sample = self.since_probe >= every;
+                    // A connection primed by a prior probes the other way at its second
+                    // segment: the prior may be another data's or another peer's.
+                    let early = self.primed && self.since_probe == 2;
+                    self.sample = self.since_probe >= every || early;
+                    self.primed &= !self.sample;
                     if self.sample {
                         self.since_probe = 0;
                         self.probe_every = (self.probe_every * 2).min(PROBE_EVERY_MAX);
@@ -386,10 +472,9 @@ impl Adaptive {
     /// first segments carried is then a base for the rest; on a fast one, that costs the CPU
     /// of a few segments.
     pub(crate) fn link_bound(&self) -> bool {
-        let Some(link) = self.link_rate() else {
+        let Some(link) = self.link() else {
             return self.mode == Mode::Adaptive;
         };
-        let link = self.limiting(link);
         self.mode == Mode::Adaptive
             && self
                 .plain
@@ -420,6 +505,9 @@ impl Adaptive {
             Way::Dedup => &mut self.dedup,
             Way::Plain => &mut self.plain,
         };
+        if std::mem::take(&mut self.from_prior[way as usize]) {
+            *slot = None;
+        }
         let sums = slot.get_or_insert_with(Sums::default);
         sums.add(cost.bytes, cost.cpu + waits, cost.wire, receiver);
         if way == Way::Plain {
@@ -439,6 +527,9 @@ impl Adaptive {
     /// standing for the receiver's work. It counts as a plain segment acknowledged, except
     /// that the link's rate and the zstd level learn nothing from it.
     pub(crate) fn estimate_plain(&mut self, cost: Cost, unpack: Duration) {
+        if std::mem::take(&mut self.from_prior[Way::Plain as usize]) {
+            self.plain = None;
+        }
         let sums = self.plain.get_or_insert_with(Sums::default);
         sums.decay();
         sums.add(cost.bytes, cost.cpu, cost.wire, unpack);
@@ -446,12 +537,95 @@ impl Adaptive {
 
     /// The current estimates (dedup, plain), message bytes per second; 0 when not yet known.
     pub(crate) fn rates(&self) -> (f64, f64) {
-        let link = self.limiting(self.link_rate().unwrap_or(f64::INFINITY));
+        let link = self.link().unwrap_or(f64::INFINITY);
         let lan = self.lan();
         (
             self.dedup.map_or(0.0, |s| s.rate(link, lan)),
             self.plain.map_or(0.0, |s| s.rate(link, lan)),
         )
+    }
+}
+
+/// One way's costs per message byte: sender seconds, wire bytes, receiver seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PerByte {
+    secs: f64,
+    wire: f64,
+    recv: f64,
+}
+
+/// What a connection's adaptive mode measured, kept in the sender's store (a note) for the
+/// next connection as far away. The layout is in `crates/wire/FORMAT.md` ("Adaptive prior").
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Prior {
+    dedup: PerByte,
+    plain: PerByte,
+    /// Bytes per second the link limited sending to; `None`: it did not limit.
+    link: Option<f64>,
+    /// The plain zstd level's place on the ladder.
+    rung: u8,
+    plain_sent: bool,
+}
+
+/// The prior format this build writes and reads.
+const PRIOR_VERSION: u8 = 1;
+/// Bytes of an encoded prior: version, flags, rung, seven f64.
+const PRIOR_LEN: usize = 3 + 7 * 8;
+/// Flags bit 0: the link limited (its rate follows); bit 1: plain segments were sent.
+const PRIOR_LIMITED: u8 = 1;
+const PRIOR_PLAIN_SENT: u8 = 2;
+
+impl Prior {
+    /// The note that keeps it.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(PRIOR_LEN);
+        b.push(PRIOR_VERSION);
+        b.push(
+            if self.link.is_some() {
+                PRIOR_LIMITED
+            } else {
+                0
+            } | if self.plain_sent { PRIOR_PLAIN_SENT } else { 0 },
+        );
+        b.push(self.rung);
+        for p in [self.dedup, self.plain] {
+            for v in [p.secs, p.wire, p.recv] {
+                b.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        b.extend_from_slice(&self.link.unwrap_or(0.0).to_le_bytes());
+        b
+    }
+
+    /// The prior a note holds: `None` unless it is one this build writes, every figure finite
+    /// and not negative (each way's seconds above zero, the link's rate too if it limited).
+    pub fn decode(b: &[u8]) -> Option<Prior> {
+        if b.len() != PRIOR_LEN || b[0] != PRIOR_VERSION || b[1] & !3 != 0 {
+            return None;
+        }
+        let f: Vec<f64> = b[3..]
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect();
+        if f.iter().any(|v| !v.is_finite() || *v < 0.0) || f[0] <= 0.0 || f[3] <= 0.0 {
+            return None;
+        }
+        let limited = b[1] & PRIOR_LIMITED != 0;
+        if limited != (f[6] > 0.0) {
+            return None;
+        }
+        let way = |i: usize| PerByte {
+            secs: f[i],
+            wire: f[i + 1],
+            recv: f[i + 2],
+        };
+        Some(Prior {
+            dedup: way(0),
+            plain: way(3),
+            link: limited.then_some(f[6]),
+            rung: b[2],
+            plain_sent: b[1] & PRIOR_PLAIN_SENT != 0,
+        })
     }
 }
 
@@ -755,5 +929,121 @@ mod tests {
         );
         let low = Adaptive::new(Mode::Adaptive, Compression::Zstd(-2));
         assert_eq!(low.ladder, [-2, -3, -7]);
+    }
+
+    fn lan_adaptive() -> Adaptive {
+        let mut a = Adaptive::new(Mode::Adaptive, Compression::Zstd(3));
+        a.round_trip(Duration::from_micros(100));
+        a
+    }
+
+    #[test]
+    fn a_prior_skips_sampling_and_yields_to_what_the_connection_measures() {
+        let mut first = lan_adaptive();
+        assert_eq!(first.prior(), None, "nothing measured yet");
+        // Plain three times as fast as dedup, the link not limiting.
+        for _ in 0..6 {
+            for (way, cpu) in [(Way::Dedup, ms(30)), (Way::Plain, ms(10))] {
+                first.observe(way, cost(1 << 20, cpu, 1000, 0), 4, Duration::ZERO);
+            }
+        }
+        let prior = first.prior().expect("both ways and the link measured");
+        assert_eq!(prior.link, None);
+        assert_eq!(first.prior_key(), Some("adaptive-lan"));
+
+        let mut next = lan_adaptive();
+        next.prime(&prior);
+        assert!(!next.warming_up());
+        assert_eq!(
+            next.choose(),
+            Way::Plain,
+            "the prior's way first, no sampling"
+        );
+        assert_eq!(
+            next.choose(),
+            Way::Dedup,
+            "the other way probed at the second segment"
+        );
+        let ways: Vec<Way> = (0..8).map(|_| next.choose()).collect();
+        assert_eq!(ways, [Way::Plain; 8], "then probes as usual");
+        // This connection finds dedup ten times as fast: its first sample replaces the prior.
+        next.observe(Way::Dedup, cost(1 << 20, ms(1), 1000, 0), 4, ms(0));
+        assert_eq!(next.choose(), Way::Dedup);
+
+        let bound = Prior {
+            dedup: PerByte {
+                secs: 1e-6,
+                wire: 0.5,
+                recv: 0.0,
+            },
+            plain: PerByte {
+                secs: 1e-8,
+                wire: 0.5,
+                recv: 0.0,
+            },
+            link: Some(1e6),
+            ..prior
+        };
+        let mut limited = lan_adaptive();
+        limited.prime(&bound);
+        assert!(limited.link_bound());
+        let ways: Vec<Way> = (0..2).map(|_| limited.choose()).collect();
+        assert_eq!(
+            ways,
+            [Way::Plain, Way::Dedup],
+            "link-bound, as the prior says"
+        );
+
+        let mut measured = lan_adaptive();
+        measured.observe(Way::Dedup, cost(1 << 20, ms(1), 10, 0), 4, ms(0));
+        measured.prime(&prior);
+        assert_eq!(measured.plain.map(|p| p.bytes), None, "a prior only starts");
+        let mut wan = Adaptive::new(Mode::Adaptive, Compression::Zstd(3));
+        assert_eq!(wan.prior_key(), None, "distance unknown");
+        wan.round_trip(ms(40));
+        assert_eq!(wan.prior_key(), Some("adaptive-wan"));
+    }
+
+    fn arb_prior() -> impl Strategy<Value = Prior> {
+        let f = || 1e-12f64..1e3;
+        let way = move || {
+            (f(), 0.0f64..10.0, 0.0f64..1.0).prop_map(|(secs, wire, recv)| PerByte {
+                secs,
+                wire,
+                recv,
+            })
+        };
+        (
+            way(),
+            way(),
+            proptest::option::of(1.0f64..1e12),
+            any::<u8>(),
+            any::<bool>(),
+        )
+            .prop_map(|(dedup, plain, link, rung, plain_sent)| Prior {
+                dedup,
+                plain,
+                link,
+                rung,
+                plain_sent,
+            })
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn priors_round_trip(p in arb_prior()) {
+            prop_assert_eq!(Prior::decode(&p.encode()), Some(p));
+        }
+
+        #[test]
+        fn a_damaged_prior_is_none_or_sane(b in proptest::collection::vec(any::<u8>(), 0..80)) {
+            if let Some(p) = Prior::decode(&b) {
+                prop_assert!(p.dedup.secs > 0.0 && p.plain.secs > 0.0);
+                prop_assert!(p.link.is_none_or(|l| l > 0.0 && l.is_finite()));
+                prop_assert_eq!(Prior::decode(&p.encode()), Some(p));
+            }
+        }
     }
 }

@@ -49,7 +49,7 @@ mod stats;
 mod stream;
 mod transport;
 
-pub use self::adaptive::{PLAIN_MARGIN, PROBE_EVERY, PROBE_EVERY_MAX};
+pub use self::adaptive::{Prior, PLAIN_MARGIN, PROBE_EVERY, PROBE_EVERY_MAX};
 #[cfg(feature = "tokio")]
 pub use self::asynchronous::AsyncDedupStream;
 pub use self::config::{

@@ -34,7 +34,7 @@ use dedupwire_engine::compress::{Compression, Compressor};
 use dedupwire_engine::delta::{DeltaCodec, Sampled, ZstdRef};
 use dedupwire_engine::similarity::{select_source, CandidateIndex, SuperFeatureConfig};
 
-use super::adaptive::{Adaptive, Cost, Way};
+use super::adaptive::{Adaptive, Cost, Prior, Way};
 use super::config::{ChannelConfig, Mode};
 use super::link::Link;
 use super::protocol::{EntryRef, Message, MessageEnd, DATA_FRAME};
@@ -166,6 +166,8 @@ pub(crate) struct Sender {
     planned: Option<Plan>,
     /// Whether the peer takes zstd deltas (protocol version 2).
     pub(crate) zdelta: bool,
+    /// Whether the adaptive mode was offered the store's prior (at the first segment).
+    primed: bool,
 }
 
 /// How one segment travels.
@@ -205,6 +207,35 @@ impl Sender {
             recalled: false,
             learnt: Vec::new(),
             needs: 0,
+            primed: false,
+        }
+    }
+
+    /// Starts the adaptive mode from the prior an earlier connection as far away kept in the
+    /// store, if there is one (a note that cannot be read is none: it is only a head start).
+    fn prime(&mut self) {
+        if std::mem::replace(&mut self.primed, true) || self.cfg.mode != Mode::Adaptive {
+            return;
+        }
+        let Some(key) = self.adaptive.prior_key() else {
+            return;
+        };
+        if let Some(prior) = self
+            .store
+            .note(key)
+            .ok()
+            .flatten()
+            .and_then(|n| Prior::decode(&n))
+        {
+            self.adaptive.prime(&prior);
+        }
+    }
+
+    /// Keeps what the adaptive mode measured on this connection for the next one (best
+    /// effort, as the prior is only a head start).
+    pub(crate) fn keep_prior(&self) {
+        if let (Some(key), Some(prior)) = (self.adaptive.prior_key(), self.adaptive.prior()) {
+            let _ = self.store.keep_note(key, &prior.encode());
         }
     }
 
@@ -256,6 +287,9 @@ impl Sender {
 
     /// How the next segment travels, chosen once until it is sent.
     fn plan(&mut self) -> Plan {
+        if self.planned.is_none() {
+            self.prime();
+        }
         let adaptive = &mut self.adaptive;
         *self.planned.get_or_insert_with(|| Plan {
             way: adaptive.choose(),

@@ -230,10 +230,12 @@ impl<S: Read + Write> DedupStream<S> {
         r
     }
 
-    /// Finishes what is in flight, says goodbye and drops the connection.
+    /// Finishes what is in flight, keeps what the adaptive mode measured in the store for the
+    /// next connection, says goodbye and drops the connection.
     pub fn close(mut self) -> Result<()> {
         self.flush_message()?;
         self.settle()?;
+        self.sender.keep_prior();
         self.link.close()
     }
 

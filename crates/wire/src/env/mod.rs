@@ -6,7 +6,9 @@
 //!
 //! The directory holds append-only **segment files** (`0000002a.seg`, numbered in creation
 //! order, at most [`EnvConfig::segment_bytes`] each), a `sketches` file (see
-//! [Sketches](#sketches-a-senders-memory-kept-as-hints)) and a `LOCK` file. A segment is a
+//! [Sketches](#sketches-a-senders-memory-kept-as-hints)), `note-KEY` files (small values a
+//! channel keeps for its next connection, [`ChunkStore::keep_note`]: what the adaptive mode
+//! measured) and a `LOCK` file. A segment is a
 //! versioned header and then records `[id][len][xxh3 of data][header checksum][data]`; the
 //! header checksum is seeded with the record's segment and offset, so a record is valid only
 //! where it was written (a segment stored as a chunk's data, or bytes shifted by damage, never
@@ -109,6 +111,7 @@
 mod hint;
 mod index;
 mod lock;
+mod note;
 mod segment;
 mod sketch;
 
@@ -117,14 +120,16 @@ mod tests;
 
 use std::collections::{BTreeMap, HashSet};
 use std::fs::{self, File, OpenOptions};
-use std::io;
+use std::io::{self, Read as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::store::{check_sketches, ChunkId, ChunkStore, Sketch, StoreError};
+use crate::store::{
+    check_note, check_note_key, check_sketches, ChunkId, ChunkStore, Sketch, StoreError,
+};
 use index::{Index, Loc};
 use segment::{HEADER_LEN, MAX_SEGMENT_BYTES, RECORD_HEAD};
 
@@ -1386,5 +1391,35 @@ impl ChunkStore for Environment {
     /// newest.
     fn recall(&self) -> Result<Vec<Sketch>, StoreError> {
         self.recall_newest(RECALL_MAX)
+    }
+
+    /// Writes `note-KEY.tmp` and renames it over `note-KEY` (under the writer lock, so two
+    /// streams never share the temporary file). Not fsynced: a note torn by a crash fails
+    /// its checksum and reads as none.
+    fn keep_note(&self, key: &str, note: &[u8]) -> Result<(), StoreError> {
+        check_note(key, note)?;
+        let path = self.dir.join(note::file_name(key));
+        let tmp = path.with_extension("tmp");
+        let _w = self.writer();
+        fs::write(&tmp, note::encode(note))
+            .and_then(|()| fs::rename(&tmp, &path))
+            .map_err(|e| {
+                let _ = fs::remove_file(&tmp);
+                io_context(e, format!("cannot write {}", path.display()))
+            })
+    }
+
+    /// Reads `note-KEY`; a missing file or one that does not verify is no note.
+    fn note(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        check_note_key(key)?;
+        let path = self.dir.join(note::file_name(key));
+        let mut b = Vec::new();
+        let read = File::open(&path)
+            .and_then(|f| io::Read::take(f, note::MAX_FILE_BYTES + 1).read_to_end(&mut b));
+        match read {
+            Ok(_) => Ok(note::decode(&b).map(<[u8]>::to_vec)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_context(e, format!("cannot read {}", path.display()))),
+        }
     }
 }

@@ -5,6 +5,7 @@ use proptest::prelude::*;
 use tempfile::TempDir;
 
 use super::*;
+use crate::store::MAX_NOTE_BYTES;
 
 fn id(n: u64) -> ChunkId {
     let mut b = [0u8; 32];
@@ -1117,4 +1118,43 @@ fn recipes_start_a_new_segment_after_one_of_the_older_format() {
     drop(env);
     let env = Environment::open(dir.path(), hinted_config()).unwrap();
     assert_eq!(env.get(&id(9)).unwrap(), Some(joined(&[1, 2], 1000)));
+}
+
+#[test]
+fn notes_survive_reopen_and_a_damaged_one_reads_as_none() {
+    let dir = TempDir::new().unwrap();
+    let env = Environment::open(dir.path(), small()).unwrap();
+    assert_eq!(env.note("adaptive-lan").unwrap(), None);
+    env.keep_note("adaptive-lan", b"first").unwrap();
+    env.keep_note("adaptive-lan", b"second").unwrap();
+    env.keep_note("adaptive-wan", b"far").unwrap();
+    assert!(matches!(
+        env.keep_note("../escape", b"x"),
+        Err(StoreError::Refused(_))
+    ));
+    assert!(matches!(
+        env.keep_note("big", &vec![0; MAX_NOTE_BYTES + 1]),
+        Err(StoreError::Refused(_))
+    ));
+    drop(env);
+    let env = Environment::open(dir.path(), small()).unwrap();
+    assert_eq!(
+        env.note("adaptive-lan").unwrap().as_deref(),
+        Some(&b"second"[..])
+    );
+    assert_eq!(
+        env.note("adaptive-wan").unwrap().as_deref(),
+        Some(&b"far"[..])
+    );
+    let path = dir.path().join(note::file_name("adaptive-lan"));
+    flip(&path, 22);
+    assert_eq!(env.note("adaptive-lan").unwrap(), None, "damaged");
+    std::fs::write(&path, vec![7u8; 1 << 20]).unwrap();
+    assert_eq!(env.note("adaptive-lan").unwrap(), None, "not a note");
+    env.keep_note("adaptive-lan", b"again").unwrap();
+    assert_eq!(
+        env.note("adaptive-lan").unwrap().as_deref(),
+        Some(&b"again"[..])
+    );
+    assert_eq!(env.stats().chunks, 0, "notes are not chunks");
 }
