@@ -24,7 +24,8 @@
 #                 on a new connection per release, plain frames (no encryption), per mode in
 #                 MODES (default: adaptive dedup); the receiver's chunk Environment holds every
 #                 release it received before, the sender's (`--env`) every release it sent
-#                 and what it learnt of them (delta bases for the next); tar streams through
+#                 and what it learnt of them (delta bases for the next, and the adaptive mode's
+#                 measurements, its prior for the next connection); tar streams through
 #                 the channel's io::Write on the sender and io::Read on the receiver, into
 #                 tar -x, as through nc
 #   dedupwire send  `dedupwire send SRC HOST:PORT:tree` onto `dedupwire serve`, release i-1's
