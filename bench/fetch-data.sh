@@ -21,6 +21,7 @@ for v in $VERSIONS; do
   mv "$tmp"/*/ "$dest" && rmdir "$tmp"
 done
 for f in "$SHARED"/data/*.jsonl.zst; do
+  [ -e "$f" ] || continue # no shared document streams here (a checkout without ../shared)
   out="$DATA/docs/$(basename "$f" .zst)"
   [ -s "$out" ] || zstd -q -d -f "$f" -o "$out"
 done
