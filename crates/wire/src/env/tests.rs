@@ -1019,9 +1019,9 @@ fn a_recipe_keeps_a_chunk_as_its_parts_and_reads_back_whole() {
     assert_eq!(env.get(&id(9)).unwrap(), Some(joined(&[1, 2, 3], 1000)));
 }
 
-#[test]
-fn a_recipe_that_lost_a_part_is_not_held_and_gives_way_to_the_bytes() {
-    let dir = TempDir::new().unwrap();
+/// An environment where chunk 9 was kept as a recipe of chunks 1 and 2, whose segment was
+/// then evicted.
+fn with_a_recipe_that_lost_its_parts(dir: &TempDir) -> Environment {
     let env = Environment::open(dir.path(), hinted_config()).unwrap();
     env.put(&id(1), &data(1, 1000)).unwrap();
     env.put(&id(2), &data(2, 1000)).unwrap();
@@ -1035,6 +1035,13 @@ fn a_recipe_that_lost_a_part_is_not_held_and_gives_way_to_the_bytes() {
         env.put(&id(n), &data(n, 1000)).unwrap();
         n += 1;
     }
+    env
+}
+
+#[test]
+fn a_recipe_that_lost_a_part_is_not_held_and_gives_way_to_the_bytes() {
+    let dir = TempDir::new().unwrap();
+    let env = with_a_recipe_that_lost_its_parts(&dir);
     assert_eq!(env.get(&id(1)).unwrap(), None, "the parts' segment went");
     assert!(
         !env.put_recipe(&id(9), 2000, &[id(1), id(2)]).unwrap(),
@@ -1049,19 +1056,7 @@ fn a_recipe_that_lost_a_part_is_not_held_and_gives_way_to_the_bytes() {
 #[test]
 fn a_recipe_that_lost_a_part_gives_way_to_a_new_recipe() {
     let dir = TempDir::new().unwrap();
-    let env = Environment::open(dir.path(), hinted_config()).unwrap();
-    env.put(&id(1), &data(1, 1000)).unwrap();
-    env.put(&id(2), &data(2, 1000)).unwrap();
-    let mut n = 100;
-    while env.stats().segments < 2 {
-        env.put(&id(n), &data(n, 1000)).unwrap();
-        n += 1;
-    }
-    assert!(env.put_recipe(&id(9), 2000, &[id(1), id(2)]).unwrap());
-    while env.stats().evictions == 0 {
-        env.put(&id(n), &data(n, 1000)).unwrap();
-        n += 1;
-    }
+    let env = with_a_recipe_that_lost_its_parts(&dir);
     // The parts arrive again: the dead recipe must not pass for held.
     env.put(&id(3), &data(1, 1000)).unwrap();
     env.put(&id(4), &data(2, 1000)).unwrap();
