@@ -60,6 +60,12 @@ pub struct Batch {
     pub pieces: Vec<Piece>,
 }
 
+impl AsRef<[u8]> for Batch {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
 impl Batch {
     /// The bytes of `piece`.
     pub fn bytes(&self, piece: &Piece) -> &[u8] {

@@ -17,7 +17,8 @@ use std::thread::JoinHandle;
 use dedupwire_engine::chunk::{size_label, ChunkerSpec};
 use dedupwire_engine::compress::{Compression, Compressor};
 use dedupwire_engine::exact_index::PassThrough;
-use dedupwire_engine::pipeline::{Encoder, PipelineConfig, Prepared};
+use dedupwire_engine::fingerprint::Fingerprinter;
+use dedupwire_engine::pipeline::{Encoder, PipelineConfig, Prepared, SharedBytes};
 use serde::Serialize;
 
 use crate::cpu::charge;
@@ -1001,9 +1002,10 @@ impl GlobalSim {
             let mut scopes: [Option<SimScope>; 2] = [None, None];
             for (slot, config, batch, prepared, prepare_cpu) in rx {
                 let items: Vec<&[u8]> = batch.pieces.iter().map(|p| batch.bytes(p)).collect();
+                let owner: SharedBytes = batch.clone();
                 scopes[slot]
                     .get_or_insert_with(|| SimScope::new(config, every, on_top, &memo))
-                    .feed(&items, Some((&prepared, prepare_cpu)));
+                    .feed(&owner, &items, &prepared, prepare_cpu);
             }
             scopes
         });
@@ -1028,7 +1030,9 @@ impl SimScope {
             ..config
         };
         SimScope {
-            encoder: Encoder::new(config).expect("built-in configurations are valid"),
+            encoder: Encoder::new(config)
+                .expect("built-in configurations are valid")
+                .with_fingerprinter(Fingerprinter::estimate()),
             residual: Residual::new(every, on_top, memo),
             sink: Vec::new(),
             cpu: 0.0,
@@ -1036,18 +1040,22 @@ impl SimScope {
         }
     }
 
-    /// Encodes `items`, reusing `prepared` (cuts, fingerprints, features) when given; its
-    /// cost `prepare_cpu` is charged to this scope too, as a deployment would pay it.
-    fn feed(&mut self, items: &[&[u8]], prepared: Option<(&Prepared, f64)>) {
+    /// Encodes `items`, which lie in `batch`, with their `prepared` cuts, fingerprints and
+    /// features; its cost `prepare_cpu` is charged to this scope too, as a deployment would
+    /// pay it. The encoder's window keeps parts of `batch` rather than copies.
+    fn feed(
+        &mut self,
+        batch: &SharedBytes,
+        items: &[&[u8]],
+        prepared: &Prepared,
+        prepare_cpu: f64,
+    ) {
         let (enc, sink) = (&mut self.encoder, &mut self.sink);
         sink.clear();
-        match prepared {
-            Some((p, prepare_cpu)) => {
-                self.cpu += prepare_cpu;
-                charge(&mut self.cpu, || enc.encode_prepared(items, p, sink));
-            }
-            None => charge(&mut self.cpu, || enc.encode_frame(items, sink)),
-        }
+        self.cpu += prepare_cpu;
+        charge(&mut self.cpu, || {
+            enc.encode_prepared_from(batch, items, prepared, sink)
+        });
         self.residual.push(&self.sink);
         self.peak_index = self.peak_index.max(self.encoder.index_bytes());
     }
@@ -1149,15 +1157,25 @@ impl Runner for SimilarityRunner {
         let memo = &self.opts.memo;
         let local =
             self.local[slot].get_or_insert_with(|| SimScope::new(config, every, on_top, memo));
-        let Some(global) = &self.global else {
-            local.feed(&items, None);
-            return;
-        };
         let mut prepare_cpu = 0.0;
         let mut prepared = Prepared::default();
         charge(&mut prepare_cpu, || {
             local.encoder.prepare(&items, &mut prepared)
         });
+        // The ids are xxh3 (an estimate needs no collision resistance); a deployment's BLAKE3
+        // is charged at its measured cost for units of this size instead.
+        let unit_bytes = match config.chunker {
+            ChunkerSpec::Whole => batch.data.len() / items.len().max(1),
+            ChunkerSpec::Fixed { size } => size,
+            ChunkerSpec::Cdc { avg, .. } => avg,
+        };
+        let unit_bytes = unit_bytes.clamp(64, 1 << 20).next_power_of_two();
+        prepare_cpu += (self.opts.blake3_s_per_byte)(unit_bytes) * batch.data.len() as f64;
+        let owner: SharedBytes = batch.clone();
+        let Some(global) = &self.global else {
+            local.feed(&owner, &items, &prepared, prepare_cpu);
+            return;
+        };
         let prepared = Arc::new(prepared);
         let job = (
             slot,
@@ -1170,7 +1188,7 @@ impl Runner for SimilarityRunner {
             .tx
             .send(job)
             .expect("the global similarity scope runs until its sender is dropped");
-        local.feed(&items, Some((&prepared, prepare_cpu)));
+        local.feed(&owner, &items, &prepared, prepare_cpu);
     }
 
     fn finish(mut self: Box<Self>) -> Vec<Measured> {

@@ -43,28 +43,51 @@ impl fmt::Display for Fingerprint {
     }
 }
 
-/// Computes chunk fingerprints, plain or keyed.
+/// Computes chunk fingerprints: plain or keyed BLAKE3, or xxh3 for estimates.
 #[derive(Clone, Default)]
 pub struct Fingerprinter {
-    key: Option<[u8; 32]>,
+    kind: Kind,
+}
+
+#[derive(Clone, Default)]
+enum Kind {
+    #[default]
+    Plain,
+    Keyed([u8; 32]),
+    Estimate,
 }
 
 impl Fingerprinter {
     /// Plain BLAKE3: fingerprints comparable across every user.
     pub fn new() -> Self {
-        Fingerprinter { key: None }
+        Fingerprinter { kind: Kind::Plain }
     }
 
     /// Keyed BLAKE3: fingerprints meaningful only to holders of `key`.
     pub fn keyed(key: [u8; 32]) -> Self {
-        Fingerprinter { key: Some(key) }
+        Fingerprinter {
+            kind: Kind::Keyed(key),
+        }
+    }
+
+    /// xxh3-128 ([`fast_id`]) in the first 16 bytes, zeros after: for estimates, never for
+    /// data that is stored or sent (it does not resist deliberate collisions).
+    pub fn estimate() -> Self {
+        Fingerprinter {
+            kind: Kind::Estimate,
+        }
     }
 
     /// The fingerprint of `data`.
     pub fn fingerprint(&self, data: &[u8]) -> Fingerprint {
-        let hash = match &self.key {
-            None => blake3::hash(data),
-            Some(k) => blake3::keyed_hash(k, data),
+        let hash = match &self.kind {
+            Kind::Plain => blake3::hash(data),
+            Kind::Keyed(k) => blake3::keyed_hash(k, data),
+            Kind::Estimate => {
+                let mut fp = [0u8; 32];
+                fp[..16].copy_from_slice(&fast_id(data).to_le_bytes());
+                return Fingerprint(fp);
+            }
         };
         Fingerprint(*hash.as_bytes())
     }
@@ -72,8 +95,13 @@ impl Fingerprinter {
 
 impl fmt::Debug for Fingerprinter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.kind {
+            Kind::Plain => "blake3",
+            Kind::Keyed(_) => "blake3-keyed",
+            Kind::Estimate => "xxh3-128",
+        };
         f.debug_struct("Fingerprinter")
-            .field("keyed", &self.key.is_some())
+            .field("kind", &kind)
             .finish()
     }
 }

@@ -106,6 +106,34 @@ proptest! {
     }
 
     #[test]
+    fn a_window_of_shared_batches_and_estimate_ids_write_the_same_stream(items in revisions(), split in 0usize..12) {
+        use std::sync::Arc;
+        use dedupwire_engine::fingerprint::Fingerprinter;
+        use dedupwire_engine::pipeline::{Encoder, Prepared, SharedBytes};
+        for config in configs() {
+            let mut plain = Encoder::new(config).unwrap();
+            let mut shared = Encoder::new(config).unwrap().with_fingerprinter(Fingerprinter::estimate());
+            let (mut out_plain, mut out_shared) = (Vec::new(), Vec::new());
+            let mut prepared = Prepared::default();
+            for batch in items.chunks(split % items.len().max(1) + 1) {
+                let owner: SharedBytes = Arc::new(batch.concat());
+                let mut at = 0;
+                let slices: Vec<&[u8]> = batch
+                    .iter()
+                    .map(|item| {
+                        at += item.len();
+                        &(*owner).as_ref()[at - item.len()..at]
+                    })
+                    .collect();
+                plain.encode_frame(&slices, &mut out_plain);
+                shared.prepare(&slices, &mut prepared);
+                shared.encode_prepared_from(&owner, &slices, &prepared, &mut out_shared);
+            }
+            prop_assert_eq!(&out_shared, &out_plain, "{:?}", config);
+        }
+    }
+
+    #[test]
     fn damage_is_an_error_never_a_wrong_item(items in revisions(), at: usize, xor in 1u8..=255) {
         for config in configs() {
             let mut stream = encode_all(config, items.iter().map(Vec::as_slice), 2000).unwrap();

@@ -3,7 +3,7 @@
 use xxhash_rust::xxh3::Xxh3;
 
 use super::format::*;
-use super::window::Window;
+use super::window::{Unit, Window};
 use crate::compress::Compression;
 use crate::delta::{DeltaCodec, DeltaSpec};
 use crate::varint;
@@ -192,7 +192,7 @@ impl Decoder {
                     t => return Err(corrupt(op_at, format!("unknown unit operation {t}"))),
                 };
                 item.extend_from_slice(&unit);
-                self.window.push(unit);
+                self.window.push(Unit::Owned(unit));
             }
             content.update(&item);
             items.push(item);

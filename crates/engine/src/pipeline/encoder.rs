@@ -4,7 +4,7 @@ use serde::Serialize;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::format::*;
-use super::window::Window;
+use super::window::{SharedBytes, Unit, Window};
 use super::{PipelineConfig, Similarity};
 use crate::chunk::{chunks, Chunker};
 use crate::compress::{Compression, Compressor};
@@ -135,6 +135,13 @@ impl Encoder {
         })
     }
 
+    /// This encoder with `fingerprinter` for its exact index ([`Fingerprinter::estimate`] in
+    /// an analysis that only measures); the stream does not depend on which one it is.
+    pub fn with_fingerprinter(mut self, fingerprinter: Fingerprinter) -> Self {
+        self.fingerprinter = fingerprinter;
+        self
+    }
+
     /// Appends the stream header (magic, delta codec, window size) to `out`.
     pub fn write_header(&mut self, out: &mut Vec<u8>) {
         let start = out.len();
@@ -187,11 +194,34 @@ impl Encoder {
     /// Encodes `items` as one frame appended to `out`, with the work of [`Encoder::prepare`]
     /// (redone here if `prepared` does not describe `items`).
     pub fn encode_prepared(&mut self, items: &[&[u8]], prepared: &Prepared, out: &mut Vec<u8>) {
+        self.encode_in(items, prepared, None, out);
+    }
+
+    /// [`Encoder::encode_prepared`] for items that lie in `owner`: the window keeps them as
+    /// parts of `owner` instead of copies, so encoders fed the same buffers share them.
+    pub fn encode_prepared_from(
+        &mut self,
+        owner: &SharedBytes,
+        items: &[&[u8]],
+        prepared: &Prepared,
+        out: &mut Vec<u8>,
+    ) {
+        self.encode_in(items, prepared, Some(owner), out);
+    }
+
+    fn encode_in(
+        &mut self,
+        items: &[&[u8]],
+        prepared: &Prepared,
+        owner: Option<&SharedBytes>,
+        out: &mut Vec<u8>,
+    ) {
         if !prepared.describes(items) {
             let mut fresh = Prepared::default();
             self.prepare_into(items, false, &mut fresh);
-            return self.encode_prepared(items, &fresh, out);
+            return self.encode_in(items, &fresh, owner, out);
         }
+        let first_new = self.window.next_id();
         self.ops.clear();
         self.payload.clear();
         let mut content = Xxh3::new();
@@ -203,12 +233,17 @@ impl Encoder {
             let mut at = 0;
             for _ in 0..count {
                 let len = prepared.lens[u] as usize;
-                self.encode_unit(&item[at..at + len], prepared.fps[u], prepared.features(u));
+                let unit = &item[at..at + len];
+                self.encode_unit(unit, prepared.fps[u], prepared.features(u), owner);
                 at += len;
                 u += 1;
             }
             self.stats.items += 1;
             self.stats.input_bytes += item.len() as u64;
+        }
+        if let Some(owner) = owner {
+            self.window
+                .own_if_sparse(first_new, (**owner).as_ref().len());
         }
         self.body.clear();
         varint::put(&mut self.body, self.ops.len() as u64);
@@ -250,7 +285,13 @@ impl Encoder {
         self.stats.output_bytes += (out.len() - start) as u64;
     }
 
-    fn encode_unit(&mut self, unit: &[u8], fp: Fingerprint, features: Option<&[u64]>) {
+    fn encode_unit(
+        &mut self,
+        unit: &[u8],
+        fp: Fingerprint,
+        features: Option<&[u64]>,
+        owner: Option<&SharedBytes>,
+    ) {
         self.stats.units += 1;
         let next = self.window.next_id();
         if let Some(&id) = self.exact.get(&fp) {
@@ -281,7 +322,7 @@ impl Encoder {
             self.stats.literals += 1;
             self.stats.literal_bytes += unit.len() as u64;
         }
-        let id = self.window.push(unit.to_vec());
+        let id = self.window.push(Unit::of(unit, owner));
         self.exact.insert(fp, id);
         if !features.is_empty() {
             self.candidates.insert(id, features);

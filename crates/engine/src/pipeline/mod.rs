@@ -21,6 +21,7 @@ mod window;
 
 pub use self::decoder::Decoder;
 pub use self::encoder::{EncodeStats, Encoder, Prepared};
+pub use self::window::SharedBytes;
 
 use serde::{Deserialize, Serialize};
 

@@ -1,14 +1,66 @@
 //! The window of recent units both sides keep, evicted oldest-first by bytes.
 
 use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::Arc;
+
+/// A buffer several holders share: the encoder's window may keep parts of it instead of
+/// copies (see [`super::Encoder::encode_prepared_from`]).
+pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+/// One held unit: its own copy, or a range of a shared buffer.
+#[derive(Clone)]
+pub(super) enum Unit {
+    Owned(Vec<u8>),
+    Shared(SharedBytes, Range<usize>),
+}
+
+impl Unit {
+    /// `unit` as a range of `owner` when it lies inside it, else a copy.
+    pub(super) fn of(unit: &[u8], owner: Option<&SharedBytes>) -> Unit {
+        if let Some(owner) = owner {
+            let base = (**owner).as_ref();
+            let start = (unit.as_ptr() as usize).wrapping_sub(base.as_ptr() as usize);
+            if start <= base.len() && unit.len() <= base.len() - start {
+                return Unit::Shared(Arc::clone(owner), start..start + unit.len());
+            }
+        }
+        Unit::Owned(unit.to_vec())
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Unit::Owned(v) => v,
+            Unit::Shared(owner, range) => &(**owner).as_ref()[range.clone()],
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Unit::Owned(v) => v.len(),
+            Unit::Shared(_, range) => range.len(),
+        }
+    }
+}
 
 /// Units numbered from 0 in arrival order; those still held are `first..next`.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(super) struct Window {
-    units: VecDeque<Vec<u8>>,
+    units: VecDeque<Unit>,
     first: u64,
     bytes: u64,
     limit: u64,
+}
+
+impl std::fmt::Debug for Window {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Window")
+            .field("first", &self.first)
+            .field("units", &self.units.len())
+            .field("bytes", &self.bytes)
+            .field("limit", &self.limit)
+            .finish()
+    }
 }
 
 impl Window {
@@ -27,11 +79,11 @@ impl Window {
     /// The unit `id`, if still held.
     pub(super) fn get(&self, id: u64) -> Option<&[u8]> {
         let i = id.checked_sub(self.first)?;
-        self.units.get(usize::try_from(i).ok()?).map(Vec::as_slice)
+        self.units.get(usize::try_from(i).ok()?).map(Unit::bytes)
     }
 
     /// Appends a unit, then evicts the oldest until the window fits its limit (keeping the newest).
-    pub(super) fn push(&mut self, unit: Vec<u8>) -> u64 {
+    pub(super) fn push(&mut self, unit: Unit) -> u64 {
         let id = self.next_id();
         self.bytes += unit.len() as u64;
         self.units.push_back(unit);
@@ -43,8 +95,86 @@ impl Window {
         id
     }
 
+    /// Copies the shared units from `from` on out of their buffers unless they hold at least
+    /// half of `owner_len` bytes: a buffer pinned for a few units (a batch of mostly duplicates)
+    /// would hold far more memory than the window counts.
+    pub(super) fn own_if_sparse(&mut self, from: u64, owner_len: usize) {
+        let skip = usize::try_from(from.saturating_sub(self.first))
+            .unwrap_or(usize::MAX)
+            .min(self.units.len());
+        let shared: usize = self
+            .units
+            .range(skip..)
+            .filter(|u| matches!(u, Unit::Shared(..)))
+            .map(Unit::len)
+            .sum();
+        if shared == 0 || shared * 2 >= owner_len {
+            return;
+        }
+        for unit in self.units.range_mut(skip..) {
+            if let Unit::Shared(..) = unit {
+                *unit = Unit::Owned(unit.bytes().to_vec());
+            }
+        }
+    }
+
     /// Bytes held.
     pub(super) fn bytes(&self) -> u64 {
         self.bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_unit_inside_its_owner_is_shared_and_one_outside_is_copied() {
+        let owner: SharedBytes = Arc::new(b"0123456789".to_vec());
+        let inside = &(*owner).as_ref()[3..7];
+        let elsewhere = b"3456".to_vec();
+        let mut w = Window::new(100);
+        let a = w.push(Unit::of(inside, Some(&owner)));
+        let b = w.push(Unit::of(&elsewhere, Some(&owner)));
+        let c = w.push(Unit::of(inside, None));
+        assert!(matches!(w.units[0], Unit::Shared(_, ref r) if *r == (3..7)));
+        assert!(matches!(w.units[1], Unit::Owned(_)));
+        assert!(matches!(w.units[2], Unit::Owned(_)));
+        for id in [a, b, c] {
+            assert_eq!(w.get(id), Some(&b"3456"[..]));
+        }
+        assert_eq!(w.bytes(), 12);
+        let empty_at_end = &(*owner).as_ref()[10..];
+        assert!(
+            matches!(Unit::of(empty_at_end, Some(&owner)), Unit::Shared(_, ref r) if r.is_empty())
+        );
+    }
+
+    #[test]
+    fn a_buffer_that_gives_the_window_little_is_not_pinned() {
+        let owner: SharedBytes = Arc::new(vec![9u8; 100]);
+        let bytes = (*owner).as_ref();
+        let mut w = Window::new(1000);
+        let first = w.push(Unit::of(&bytes[..30], Some(&owner)));
+        w.push(Unit::of(&bytes[50..60], Some(&owner)));
+        w.own_if_sparse(first, bytes.len());
+        assert!(w.units.iter().all(|u| matches!(u, Unit::Owned(_))));
+        let next = w.push(Unit::of(&bytes[..60], Some(&owner)));
+        w.own_if_sparse(next, bytes.len());
+        assert!(matches!(w.units[2], Unit::Shared(..)));
+        assert_eq!(Arc::strong_count(&owner), 2);
+        assert_eq!(w.get(first), Some(&[9u8; 30][..]));
+    }
+
+    #[test]
+    fn the_oldest_units_leave_first_and_the_newest_stays() {
+        let mut w = Window::new(10);
+        let a = w.push(Unit::Owned(vec![1; 6]));
+        let b = w.push(Unit::Owned(vec![2; 6]));
+        assert_eq!(w.get(a), None);
+        assert_eq!(w.get(b), Some(&[2u8; 6][..]));
+        let c = w.push(Unit::Owned(vec![3; 20]));
+        assert_eq!((w.get(b), w.get(c).map(<[u8]>::len)), (None, Some(20)));
+        assert_eq!(w.bytes(), 20);
     }
 }
