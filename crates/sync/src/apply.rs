@@ -5,9 +5,11 @@
 //! directories and symlinks first, then each file — hard-linked from the current tree when
 //! its contents and metadata are unchanged (and that inode is not linked already), copied
 //! locally when its contents exist anywhere in the current tree, written from the sender's
-//! bytes otherwise. Each written file is checked against its BLAKE3 hash and gets its mode
-//! and mtime after its contents; directories get theirs deepest first, after their contents;
-//! then one `syncfs` makes it all durable. Then one `renameat2(RENAME_EXCHANGE)` swaps the staging
+//! bytes otherwise. Written files leave their aligned all-zero blocks as holes, and local
+//! copies go data extent by data extent, so sparse files stay sparse. Each written file is
+//! checked against its BLAKE3 hash and gets its mode and mtime after its contents;
+//! directories get theirs deepest first, after their contents; then one `syncfs` makes it all
+//! durable. Then one `renameat2(RENAME_EXCHANGE)` swaps the staging
 //! directory with `ROOT/NAME` (a `RENAME_NOREPLACE` rename when NAME is new), and the old
 //! version, now at the staging path, is removed. Anything that fails before the swap leaves
 //! `ROOT/NAME` as it was; leftovers of a crash are removed at the next [`TreeRoot::open`].
@@ -432,30 +434,167 @@ fn copy_all(copies: &[(PathBuf, PathBuf, usize)], manifest: &Manifest) -> Result
 }
 
 /// Copies a current file (checked by [`TreeRoot::resolve`]) into staging with new metadata:
-/// `copy_file_range` in the kernel (a reflink where the filesystem can).
+/// `copy_file_range` in the kernel (a reflink where the filesystem can), data extent by data
+/// extent so that the copy keeps the file's holes.
 fn copy_file(from: &Path, to: &Path, e: &Entry) -> Result<()> {
-    let mut src = OpenOptions::new()
+    let src = OpenOptions::new()
         .read(true)
         .custom_flags(OFlags::NOFOLLOW.bits() as i32)
         .open(from)
         .map_err(io_at(from))?;
-    let mut dst = create_new(to)?;
-    let n = io::copy(&mut src, &mut dst).map_err(io_at(to))?;
-    if n != e.size() {
-        return Err(Error::Mismatch(format!(
-            "{}: changed while being copied",
-            from.display()
-        )));
+    let dst = create_new(to)?;
+    let size = e.size();
+    let changed = || Error::Mismatch(format!("{}: changed while being copied", from.display()));
+    if src.metadata().map_err(io_at(from))?.len() != size {
+        return Err(changed());
     }
+    let mut at = 0u64;
+    while at < size {
+        let Some(data) = seek_data(&src, at).map_err(io_at(from))? else {
+            break;
+        };
+        let end = seek_hole(&src, data).map_err(io_at(from))?.min(size);
+        if !copy_range(&src, &dst, data, end).map_err(io_at(to))? {
+            return Err(changed());
+        }
+        at = end;
+    }
+    dst.set_len(size).map_err(io_at(to))?;
     set_file_meta(&dst, to, e.mode, e.mtime_ns)
+}
+
+/// Copies bytes `pos..end` of `src` to the same place in `dst`: with `copy_file_range`, or by
+/// reading and writing where the kernel cannot (another filesystem, an old kernel). Returns
+/// false if `src` ended early.
+fn copy_range(src: &File, dst: &File, mut pos: u64, end: u64) -> io::Result<bool> {
+    use rustix::io::Errno;
+    use std::os::unix::fs::FileExt;
+    while pos < end {
+        let (mut off_in, mut off_out) = (pos, pos);
+        let len = usize::try_from(end - pos).unwrap_or(usize::MAX);
+        match rustix::fs::copy_file_range(src, Some(&mut off_in), dst, Some(&mut off_out), len) {
+            Ok(0) => return Ok(false),
+            Ok(n) => pos += n as u64,
+            Err(Errno::XDEV | Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
+                let mut buf = vec![0u8; (1 << 20).min(end - pos) as usize];
+                while pos < end {
+                    let want = buf.len().min((end - pos) as usize);
+                    let n = src.read_at(&mut buf[..want], pos)?;
+                    if n == 0 {
+                        return Ok(false);
+                    }
+                    dst.write_all_at(&buf[..n], pos)?;
+                    pos += n as u64;
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(true)
+}
+
+/// The start of the first data at or after `at`, or `None` when only a hole follows.
+fn seek_data(f: &File, at: u64) -> io::Result<Option<u64>> {
+    match rustix::fs::seek(f, rustix::fs::SeekFrom::Data(at)) {
+        Ok(p) => Ok(Some(p)),
+        Err(rustix::io::Errno::NXIO) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The start of the first hole at or after `at` (the end of the file counts as one).
+fn seek_hole(f: &File, at: u64) -> io::Result<u64> {
+    rustix::fs::seek(f, rustix::fs::SeekFrom::Hole(at)).map_err(Into::into)
 }
 
 struct FileWriter {
     index: usize,
     path: PathBuf,
-    file: File,
+    file: SparseWriter,
     hasher: blake3::Hasher,
     written: u64,
+}
+
+/// Holes are made of whole blocks of this size, aligned in the file.
+const HOLE_BLOCK: usize = 4096;
+
+/// Writes a new file front to back, leaving its aligned all-zero blocks unwritten: a sparse
+/// file (a VM image, a database's preallocated file) arrives as sparse as it left, not with
+/// every hole filled in. Writes are gathered to whole blocks, so how the sender's pieces fall
+/// does not matter.
+struct SparseWriter {
+    file: File,
+    /// Bytes handed to the file so far (always a multiple of [`HOLE_BLOCK`]).
+    flushed: u64,
+    /// The start of the next block, until it is whole.
+    partial: Vec<u8>,
+}
+
+impl SparseWriter {
+    fn new(file: File) -> Self {
+        SparseWriter {
+            file,
+            flushed: 0,
+            partial: Vec::with_capacity(HOLE_BLOCK),
+        }
+    }
+
+    fn write(&mut self, mut bytes: &[u8]) -> io::Result<()> {
+        if !self.partial.is_empty() {
+            let take = (HOLE_BLOCK - self.partial.len()).min(bytes.len());
+            self.partial.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            if self.partial.len() < HOLE_BLOCK {
+                return Ok(());
+            }
+            let block = std::mem::take(&mut self.partial);
+            self.put_blocks(&block)?;
+            self.partial = block;
+            self.partial.clear();
+        }
+        let whole = bytes.len() / HOLE_BLOCK * HOLE_BLOCK;
+        self.put_blocks(&bytes[..whole])?;
+        self.partial.extend_from_slice(&bytes[whole..]);
+        Ok(())
+    }
+
+    /// Writes whole blocks at `flushed`, each run of non-zero ones with one call.
+    fn put_blocks(&mut self, blocks: &[u8]) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let mut run_start = None;
+        for (k, block) in blocks.chunks(HOLE_BLOCK).enumerate() {
+            let zero = block.iter().all(|&b| b == 0);
+            match (zero, run_start) {
+                (false, None) => run_start = Some(k),
+                (true, Some(r)) => {
+                    let at = self.flushed + (r * HOLE_BLOCK) as u64;
+                    self.file
+                        .write_all_at(&blocks[r * HOLE_BLOCK..k * HOLE_BLOCK], at)?;
+                    run_start = None;
+                }
+                _ => {}
+            }
+        }
+        if let Some(r) = run_start {
+            let at = self.flushed + (r * HOLE_BLOCK) as u64;
+            self.file.write_all_at(&blocks[r * HOLE_BLOCK..], at)?;
+        }
+        self.flushed += blocks.len() as u64;
+        Ok(())
+    }
+
+    /// Writes the last partial block and gives the file its full `size` (a trailing hole
+    /// included).
+    fn finish(&mut self, size: u64) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        if self.partial.iter().any(|&b| b != 0) {
+            self.file.write_all_at(&self.partial, self.flushed)?;
+        }
+        self.flushed += self.partial.len() as u64;
+        self.partial.clear();
+        debug_assert_eq!(self.flushed, size);
+        self.file.set_len(size)
+    }
 }
 
 /// The version a commit replaced, in staging: removed by [`Retired::remove`], or else at the
@@ -538,7 +677,7 @@ impl Staging<'_> {
             self.writer = Some(FileWriter {
                 index,
                 path,
-                file,
+                file: SparseWriter::new(file),
                 hasher: blake3::Hasher::new(),
                 written: 0,
             });
@@ -554,18 +693,19 @@ impl Staging<'_> {
                 e.display()
             )));
         }
-        w.file.write_all(bytes).map_err(io_at(&w.path))?;
+        w.file.write(bytes).map_err(io_at(&w.path))?;
         w.hasher.update(bytes);
         w.written += bytes.len() as u64;
         if w.written == size {
-            let w = self.writer.take().expect("present");
+            let mut w = self.writer.take().expect("present");
+            w.file.finish(size).map_err(io_at(&w.path))?;
             if *w.hasher.finalize().as_bytes() != hash {
                 return Err(Error::Mismatch(format!(
                     "{}: the contents received do not match the manifest's hash",
                     e.display()
                 )));
             }
-            set_file_meta(&w.file, &w.path, e.mode, e.mtime_ns)?;
+            set_file_meta(&w.file.file, &w.path, e.mode, e.mtime_ns)?;
         }
         Ok(())
     }
@@ -639,6 +779,36 @@ impl Staging<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// 512-byte blocks allocated to `path`.
+    fn blocks(path: &Path) -> u64 {
+        fs::metadata(path).unwrap().blocks()
+    }
+
+    #[test]
+    fn zero_blocks_become_holes_however_the_pieces_fall() {
+        let t = tempfile::tempdir().unwrap();
+        let mut data = vec![0u8; 1 << 20];
+        data[5000..5100].fill(1);
+        data[700_000..700_001].fill(2);
+        data.extend_from_slice(&[3; 10]);
+        data.extend_from_slice(&[0; 9000]);
+        for piece in [1usize, 777, 4096, 65_536, 1 << 21] {
+            let path = t.path().join(format!("f{piece}"));
+            let mut w = SparseWriter::new(create_new(&path).unwrap());
+            for p in data.chunks(piece) {
+                w.write(p).unwrap();
+            }
+            w.finish(data.len() as u64).unwrap();
+            assert_eq!(fs::read(&path).unwrap(), data, "pieces of {piece}");
+            // Three blocks of 4 KiB hold data; a filesystem may round up, but not to a MiB.
+            assert!(
+                blocks(&path) * 512 < 64 << 10,
+                "pieces of {piece}: {} blocks",
+                blocks(&path)
+            );
+        }
+    }
 
     fn write_tree(dir: &Path, files: &[(&str, &[u8])]) {
         fs::create_dir_all(dir).unwrap();

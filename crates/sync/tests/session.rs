@@ -69,6 +69,57 @@ fn listing(root: &Path) -> Vec<String> {
     v
 }
 
+/// Bytes allocated to `path` on disk.
+fn allocated(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(path).unwrap().blocks() * 512
+}
+
+#[test]
+fn a_sparse_file_arrives_sparse_and_stays_sparse_when_copied_on_the_receiver() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    let image = src.join("disk.img");
+    let f = fs::File::create(&image).unwrap();
+    f.set_len(64 << 20).unwrap();
+    {
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(&noise(1, 100_000), 10 << 20).unwrap();
+        f.write_all_at(b"end", (64 << 20) - 3).unwrap();
+    }
+    assert!(allocated(&image) < 1 << 20, "this filesystem makes holes");
+    let root = t.path().join("root");
+    let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
+    let (sent, served) = session(&root, &src, b"vm", &m, None);
+    sent.unwrap();
+    served.unwrap();
+    let got = root.join("vm/disk.img");
+    assert_eq!(fs::read(&got).unwrap(), fs::read(&image).unwrap());
+    assert!(
+        allocated(&got) < 1 << 20,
+        "{} bytes allocated",
+        allocated(&got)
+    );
+    // A copy of the image under a new name is made on the receiver from the one it holds.
+    fs::copy(&image, src.join("renamed.img")).unwrap();
+    let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
+    let (sent, served) = session(&root, &src, b"vm", &m, None);
+    assert_eq!(
+        sent.unwrap().files_sent,
+        0,
+        "the copy comes from the receiver's own tree"
+    );
+    served.unwrap();
+    let copied = root.join("vm/renamed.img");
+    assert_eq!(fs::read(&copied).unwrap(), fs::read(&image).unwrap());
+    assert!(
+        allocated(&copied) < 1 << 20,
+        "{} bytes allocated",
+        allocated(&copied)
+    );
+}
+
 #[test]
 fn a_tree_arrives_whole() {
     let t = tempfile::tempdir().unwrap();
