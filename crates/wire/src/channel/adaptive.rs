@@ -319,6 +319,12 @@ impl Adaptive {
             .or(self.prior_link)
     }
 
+    /// The rate (wire bytes per second) at which the link limits the channel: infinite where
+    /// the sender's pace, not the link, limits it; `None` while unknown.
+    pub(crate) fn link_limit(&self) -> Option<f64> {
+        self.link()
+    }
+
     /// The zstd level for the next plain segment, when it adapts.
     pub(crate) fn plain_level(&self) -> Option<i32> {
         self.ladder.get(self.rung).copied()

@@ -41,6 +41,7 @@ mod adaptive;
 #[cfg(feature = "tokio")]
 mod asynchronous;
 pub mod config;
+mod effort;
 mod link;
 pub mod protocol;
 mod receiver;

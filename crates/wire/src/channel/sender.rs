@@ -36,6 +36,7 @@ use dedupwire_engine::similarity::{select_source, CandidateIndex, SuperFeatureCo
 
 use super::adaptive::{Adaptive, Cost, Prior, Way};
 use super::config::{ChannelConfig, Mode};
+use super::effort::Effort;
 use super::link::Link;
 use super::protocol::{EntryRef, Message, MessageEnd, DATA_FRAME};
 use super::stats::ChannelStats;
@@ -166,6 +167,8 @@ pub(crate) struct Sender {
     planned: Option<Plan>,
     /// Whether the peer takes zstd deltas (protocol version 2).
     pub(crate) zdelta: bool,
+    /// Whether zstd deltas pay on this link (see [`Effort`]).
+    zeffort: Effort,
     /// Whether the adaptive mode was offered the store's prior (at the first segment).
     primed: bool,
 }
@@ -204,6 +207,7 @@ impl Sender {
             new_bytes: false,
             planned: None,
             zdelta: false,
+            zeffort: Effort::default(),
             recalled: false,
             learnt: Vec::new(),
             needs: 0,
@@ -688,19 +692,28 @@ impl Sender {
                     }
                 }
                 if let (Some(zbase), Some(src)) = (
-                    zbase.filter(|b| self.zdelta && chunk.contains(&0) && !batch.contains(b)),
+                    zbase.filter(|b| {
+                        self.zdelta
+                            && chunk.contains(&0)
+                            && !batch.contains(b)
+                            && self.zeffort.pays(self.adaptive.link_limit())
+                    }),
                     zsrc,
                 ) {
                     // What the DATA frame's compression is expected to make of the delta
                     // (or the literal): zstd deltas are compressed already.
-                    let expected = if base_used.is_some() {
+                    let other = if base_used.is_some() {
                         delta.len()
                     } else {
                         p.len
                     };
-                    let expected = (expected as f64 * self.ratio * ZDELTA_MARGIN) as usize;
+                    let other = other as f64 * self.ratio;
                     self.zdelta_against(zbase, src, p.id, chunk, &mut zbases, &mut zdelta)?;
-                    if zdelta.len() + zbases.len() * id_len < expected {
+                    let size = zdelta.len() + zbases.len() * id_len;
+                    let used = size < (other * ZDELTA_MARGIN) as usize;
+                    self.zeffort
+                        .record(if used { other as usize - size } else { 0 });
+                    if used {
                         base_used = Some(zbase);
                         std::mem::swap(&mut delta, &mut zdelta);
                     } else {
