@@ -129,7 +129,18 @@ proptest! {
                 shared.prepare(&slices, &mut prepared);
                 shared.encode_prepared_from(&owner, &slices, &prepared, &mut out_shared);
             }
-            prop_assert_eq!(&out_shared, &out_plain, "{:?}", config);
+            // zstd matches differently when a reference prefix lies right before the target in
+            // memory (one batch holds both), so its deltas may differ in size (and so in being
+            // chosen); the stream must still decode to the same items.
+            if matches!(config.delta, DeltaSpec::ZstdRef { .. }) {
+                prop_assert_eq!(shared.stats().units, plain.stats().units);
+                let mut stream = Vec::new();
+                shared.write_header(&mut stream);
+                stream.extend_from_slice(&out_shared);
+                prop_assert_eq!(&decode_all(&stream).unwrap(), &items, "{:?}", config);
+            } else {
+                prop_assert_eq!(&out_shared, &out_plain, "{:?}", config);
+            }
         }
     }
 

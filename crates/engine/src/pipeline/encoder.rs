@@ -198,7 +198,9 @@ impl Encoder {
     }
 
     /// [`Encoder::encode_prepared`] for items that lie in `owner`: the window keeps them as
-    /// parts of `owner` instead of copies, so encoders fed the same buffers share them.
+    /// parts of `owner` instead of copies, so encoders fed the same buffers share them. The
+    /// stream is the same, except that zstd deltas may differ: zstd matches differently when
+    /// the reference lies right before the target in memory.
     pub fn encode_prepared_from(
         &mut self,
         owner: &SharedBytes,

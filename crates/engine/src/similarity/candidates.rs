@@ -83,13 +83,13 @@ pub struct CandidateIndex<Id> {
     /// Current seq → item (stale seqs are absent).
     live: HashMap<u64, Live<Id>, MulBuild>,
     /// Item → its current seq.
-    current: HashMap<Id, u64>,
+    current: HashMap<Id, u64, MulBuild>,
 }
 
 /// Drops one entry's reference to `seq`; forgets the item when none is left.
 fn release<Id: Copy + Eq + Hash>(
     live: &mut HashMap<u64, Live<Id>, MulBuild>,
-    current: &mut HashMap<Id, u64>,
+    current: &mut HashMap<Id, u64, MulBuild>,
     seq: u64,
 ) {
     if let Some(item) = live.get_mut(&seq) {
@@ -113,7 +113,7 @@ impl<Id: Copy + Eq + Hash> CandidateIndex<Id> {
             features: HashMap::default(),
             slot_heap: 0,
             live: HashMap::default(),
-            current: HashMap::new(),
+            current: HashMap::default(),
         }
     }
 
