@@ -52,4 +52,4 @@ pub use frame::{
 };
 pub use handshake::{Agreement, Hello, HELLO_FORMAT, HELLO_MAGIC};
 pub use secure::{Key, KeyError, SecureStream};
-pub use store::{ChunkId, ChunkStore, MemoryStore, Sketch, StoreError, MAX_SKETCH_FEATURES};
+pub use store::{ChunkId, ChunkStore, IdMap, MemoryStore, Sketch, StoreError, MAX_SKETCH_FEATURES};

@@ -9,8 +9,21 @@ use std::sync::{Mutex, RwLock};
 
 /// A chunk's identity: the output of the stream's identifier (BLAKE3-256, or xxh3-128 padded
 /// with zeros to 32 bytes).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ChunkId(pub [u8; 32]);
+
+/// Hashes only the first 8 bytes: they are already uniform (a hash's output), so tables keyed
+/// by ids take them as they are ([`IdMap`]) instead of hashing 32 bytes again.
+impl std::hash::Hash for ChunkId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(u64::from_le_bytes(
+            self.0[..8].try_into().expect("8 of 32 bytes"),
+        ));
+    }
+}
+
+/// A hash map keyed by chunk ids, which are their own hash (see [`ChunkId`]'s `Hash`).
+pub type IdMap<V> = HashMap<ChunkId, V, dedupwire_engine::exact_index::PassThrough>;
 
 impl fmt::Debug for ChunkId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -157,7 +170,7 @@ pub(crate) fn check_sketches(sketches: &[Sketch]) -> Result<(), StoreError> {
 /// A chunk store in memory, unbounded: for tests and one-off transfers.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
-    chunks: RwLock<HashMap<ChunkId, Vec<u8>>>,
+    chunks: RwLock<IdMap<Vec<u8>>>,
     sketches: Mutex<Vec<Sketch>>,
     notes: Mutex<HashMap<String, Vec<u8>>>,
 }

@@ -638,20 +638,85 @@ fn send_on_new_connection(
     server_store: Arc<dyn ChunkStore>,
     message: Vec<u8>,
 ) -> ChannelStats {
+    send_all_on_new_connection(client_store, server_store, vec![message])
+}
+
+/// [`send_on_new_connection`] for several messages, one after the other.
+fn send_all_on_new_connection(
+    client_store: Arc<dyn ChunkStore>,
+    server_store: Arc<dyn ChunkStore>,
+    messages: Vec<Vec<u8>>,
+) -> ChannelStats {
     let listener =
         DedupListener::bind("127.0.0.1:0", keyed(), server_store, dedup_config()).unwrap();
     let addr = listener.local_addr().unwrap();
-    let expect = message.clone();
+    let expect = messages.clone();
     let h = thread::spawn(move || {
         let mut s = listener.accept().unwrap();
-        assert_eq!(s.recv().unwrap(), expect);
+        for m in expect {
+            assert_eq!(s.recv().unwrap(), m);
+        }
     });
     let mut c = DedupStream::connect(addr, keyed(), client_store, dedup_config()).unwrap();
-    c.send(&message).unwrap();
+    for m in &messages {
+        c.send(m).unwrap();
+    }
     let st = c.stats();
     c.close().unwrap();
     h.join().unwrap();
     st
+}
+
+/// A store that counts how often its sketches are read back.
+#[derive(Default)]
+struct CountingRecalls {
+    inner: MemoryStore,
+    recalls: AtomicUsize,
+}
+
+impl ChunkStore for CountingRecalls {
+    fn contains(&self, id: &ChunkId) -> Result<bool, StoreError> {
+        self.inner.contains(id)
+    }
+    fn get(&self, id: &ChunkId) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.get(id)
+    }
+    fn put(&self, id: &ChunkId, data: &[u8]) -> Result<(), StoreError> {
+        self.inner.put(id, data)
+    }
+    fn remember(&self, sketches: &[dedupwire_wire::Sketch]) -> Result<(), StoreError> {
+        self.inner.remember(sketches)
+    }
+    fn recall(&self) -> Result<Vec<dedupwire_wire::Sketch>, StoreError> {
+        self.recalls.fetch_add(1, Ordering::SeqCst);
+        self.inner.recall()
+    }
+}
+
+#[test]
+fn a_small_message_does_not_read_back_every_sketch_and_a_later_one_still_finds_its_bases() {
+    let first = random(3 << 20, 61);
+    let mut second = first.clone();
+    for k in 0..second.len() / 6000 {
+        second[k * 6000 + 77] ^= 0x5A;
+    }
+    let sender = Arc::new(CountingRecalls::default());
+    let receiver: Arc<dyn ChunkStore> = Arc::new(MemoryStore::new());
+    send_on_new_connection(sender.clone(), receiver.clone(), first);
+    let before = sender.recalls.load(Ordering::SeqCst);
+    // Its cost would grow with everything the store remembers, on every connection.
+    send_on_new_connection(sender.clone(), receiver.clone(), structured(3_000, 62));
+    assert_eq!(sender.recalls.load(Ordering::SeqCst), before);
+    let st = send_all_on_new_connection(
+        sender.clone(),
+        receiver,
+        vec![structured(3_000, 63), second],
+    );
+    assert!(sender.recalls.load(Ordering::SeqCst) > before);
+    assert!(
+        st.chunks_delta > 32 && st.chunks_literal < 8,
+        "bases from the first connection: {st:?}"
+    );
 }
 
 #[test]

@@ -25,7 +25,7 @@
 //! it then). pyarrow 14.0.2's tar after 14.0.1's, on one connection: 9.1 MB instead of
 //! 11.9 (Django 4.2.2's after 4.2.1's: 0.58 MB instead of 0.62).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -41,7 +41,7 @@ use super::link::Link;
 use super::protocol::{EntryRef, Message, MessageEnd, DATA_FRAME};
 use super::stats::ChannelStats;
 use crate::error::{Error, Result};
-use crate::store::{ChunkId, ChunkStore, Sketch};
+use crate::store::{ChunkId, ChunkStore, IdMap, Sketch};
 
 /// Chunks shorter than this are always sent literally: a delta would not pay for its base id.
 const MIN_DELTA_LEN: usize = 256;
@@ -145,7 +145,7 @@ pub(crate) struct Sender {
     index: CandidateIndex<ChunkId>,
     /// For each chunk sent or found held, the chunk that followed it: where to look for the
     /// base of a changed chunk next to one whose base (or itself) is known (locality).
-    successor: HashMap<ChunkId, ChunkId>,
+    successor: IdMap<ChunkId>,
     /// Compressed/raw size of recent DATA frames (a moving average).
     ratio: f64,
     compressor: Compressor,
@@ -201,7 +201,7 @@ impl Sender {
                 ..SuperFeatureConfig::default()
             },
             index: CandidateIndex::new(PER_FEATURE),
-            successor: HashMap::new(),
+            successor: IdMap::default(),
             ratio: 0.5,
             codec: Sampled::default(),
             new_bytes: false,
@@ -243,7 +243,8 @@ impl Sender {
         }
     }
 
-    /// Loads what earlier senders on this store learnt, once.
+    /// Loads what the store remembers into `index` and `successor`, once (oldest first, so
+    /// the newest wins; this connection's notes are in the store already).
     fn recall(&mut self) -> Result<()> {
         if std::mem::replace(&mut self.recalled, true) {
             return Ok(());
@@ -512,8 +513,12 @@ impl Sender {
 
     /// Indexes a plain segment's chunks as if they had been sent with dedup (the receiver
     /// keeps them), so that later segments find hits and delta bases in it.
+    ///
+    /// It does not read back what the store remembers: reading back a large store on every
+    /// connection cost tens of milliseconds a message of a few bytes does not need. What it
+    /// notes is told to the store before it returns, so a later [`Sender::recall`] reads it
+    /// back after the older sketches, and the newest still wins.
     fn learn(&mut self, data: &[u8]) -> Result<()> {
-        self.recall()?;
         let mut spans = vec![(0usize, data.len())];
         let mut lens = Vec::new();
         for chunker in &self.cfg.levels {

@@ -1,11 +1,10 @@
 //! The in-memory index: chunk id → where its record lives, with a "recently used" bit per
 //! chunk for second-chance eviction.
 
-use std::collections::HashMap;
 use std::mem::size_of;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::store::ChunkId;
+use crate::store::{ChunkId, IdMap};
 
 const USED: u32 = 1 << 31;
 /// The record is a recipe (data lengths stay below 2³⁰: segments are at most 1 GiB).
@@ -75,7 +74,7 @@ pub struct Evicted {
 /// The index proper, with the total data bytes of the chunks it holds.
 #[derive(Debug, Default)]
 pub struct Index {
-    map: HashMap<ChunkId, Loc>,
+    map: IdMap<Loc>,
     data_bytes: u64,
 }
 

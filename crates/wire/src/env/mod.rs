@@ -696,7 +696,10 @@ impl Environment {
             )
         })?;
         let scan = sketch::scan(&buf);
-        let mut seen = HashSet::with_capacity(scan.records.len());
+        let mut seen = HashSet::with_capacity_and_hasher(
+            scan.records.len(),
+            xxhash_rust::xxh3::Xxh3DefaultBuilder::new(),
+        );
         let mut live: Vec<sketch::Found> = scan
             .records
             .iter()
