@@ -393,7 +393,7 @@ impl Environment {
             .map_err(|e| io_context(e, format!("cannot create environment {}", dir.display())))?;
         let lock = lock::DirLock::acquire(&dir)?;
         let (mut state, mut recovery, newest) = load(&dir)?;
-        let sketches = open_sketches(&dir, &mut recovery)?;
+        let (sketches, sketch_bytes) = open_sketches(&dir, &mut recovery)?;
         let (active, (records, hintable, hinted_len)) = match state.segments.last_key_value() {
             Some((&no, e)) => (
                 (e.seg.clone(), e.bytes),
@@ -440,10 +440,20 @@ impl Environment {
             .store(w.sketches.len, Ordering::Relaxed);
         env.evict(&mut w)?;
         if w.sketches.len >= COMPACT_AT_OPEN {
-            // Compacting is optional: a failure (a full disk) leaves the file as it was, and
-            // `remember` compacts it once it outgrows its bound.
-            let _ = env.compact_sketches(&mut w, true);
+            // From the bytes open_sketches read and checked, not a second read of the file.
+            let live: u64 = env
+                .live_records(&sketch_bytes)
+                .iter()
+                .map(|r| r.len as u64)
+                .sum();
+            let dead = w.sketches.len - sketch::HEADER_LEN - live;
+            if dead * 2 > w.sketches.len {
+                // Compacting is optional: a failure (a full disk) leaves the file as it was,
+                // and `remember` compacts it once it outgrows its bound.
+                let _ = env.compact_sketches(&mut w, false);
+            }
         }
+        drop(sketch_bytes);
         drop(w);
         Ok(env)
     }
@@ -682,7 +692,7 @@ impl Environment {
     }
 
     /// The first `len` bytes of the sketch file and, oldest first, its records that `recall`
-    /// returns: those of chunks still held, less those repeated by an identical later record.
+    /// returns (see [`Environment::live_records`]).
     fn live_sketches(
         &self,
         file: &File,
@@ -695,28 +705,35 @@ impl Environment {
                 format!("cannot read {}", self.dir.join(sketch::FILE_NAME).display()),
             )
         })?;
-        let scan = sketch::scan(&buf);
+        let live = self.live_records(&buf);
+        Ok((buf, live))
+    }
+
+    /// The records of sketch file bytes `buf` that `recall` returns, oldest first: those of
+    /// chunks still held, less those repeated by an identical later record.
+    fn live_records(&self, buf: &[u8]) -> Vec<sketch::Found> {
+        let scan = sketch::scan(buf);
         let mut seen = HashSet::with_capacity_and_hasher(
             scan.records.len(),
-            xxhash_rust::xxh3::Xxh3DefaultBuilder::new(),
+            std::hash::BuildHasherDefault::<RecordSumHasher>::default(),
         );
         let mut live: Vec<sketch::Found> = scan
             .records
             .iter()
             .rev()
-            .filter(|r| seen.insert(r.bytes(&buf)))
+            .filter(|r| seen.insert(r.bytes(buf)))
             .copied()
             .collect();
         drop(seen);
         let st = self.read();
         // Senders keep their chunks whole; a recipe's parts may be gone.
         live.retain(|r| {
-            let id = sketch::record_id(r.bytes(&buf));
+            let id = sketch::record_id(r.bytes(buf));
             st.index.get(&id).is_some_and(|l| !l.recipe())
         });
         drop(st);
         live.reverse();
-        Ok((buf, live))
+        live
     }
 
     /// [`ChunkStore::recall`], at most `max` sketches.
@@ -862,7 +879,8 @@ fn new_sketch_file(dir: &Path, content: &[u8]) -> Result<SketchLog, StoreError> 
 
 /// Opens the sketch file of `dir`, creating it if missing: cuts it back to its last valid
 /// record, and sets aside (as `sketches.bad`) a file this build cannot read, starting afresh.
-fn open_sketches(dir: &Path, rec: &mut Recovery) -> Result<SketchLog, StoreError> {
+/// Opens the sketch file (see FORMAT.md, "Opening"); returns it and its checked bytes.
+fn open_sketches(dir: &Path, rec: &mut Recovery) -> Result<(SketchLog, Vec<u8>), StoreError> {
     let path = dir.join(sketch::FILE_NAME);
     let tmp = dir.join(sketch::TMP_NAME);
     match fs::remove_file(&tmp) {
@@ -873,7 +891,8 @@ fn open_sketches(dir: &Path, rec: &mut Recovery) -> Result<SketchLog, StoreError
     let file = match OpenOptions::new().read(true).write(true).open(&path) {
         Ok(file) => file,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return new_sketch_file(dir, &sketch::encode_header())
+            let header = sketch::encode_header().to_vec();
+            return Ok((new_sketch_file(dir, &header)?, header));
         }
         Err(e) => return Err(io_context(e, format!("cannot open {}", path.display()))),
     };
@@ -903,7 +922,8 @@ fn open_sketches(dir: &Path, rec: &mut Recovery) -> Result<SketchLog, StoreError
                 )
             })?;
         rec.sketches_set_aside = true;
-        return new_sketch_file(dir, &sketch::encode_header());
+        let header = sketch::encode_header().to_vec();
+        return Ok((new_sketch_file(dir, &header)?, header));
     }
     let end = sketch::scan(&buf).end;
     if end < len {
@@ -917,10 +937,34 @@ fn open_sketches(dir: &Path, rec: &mut Recovery) -> Result<SketchLog, StoreError
             })?;
         rec.sketch_cut_bytes = len - end;
     }
-    Ok(SketchLog {
-        file: Arc::new(file),
-        len: end,
-    })
+    buf.truncate(end as usize);
+    Ok((
+        SketchLog {
+            file: Arc::new(file),
+            len: end,
+        },
+        buf,
+    ))
+}
+
+/// Hashes a sketch record by its last 8 bytes, its `record_sum` (a checksum of the rest):
+/// records compared whole are thus hashed without reading them whole.
+#[derive(Default)]
+struct RecordSumHasher(u64);
+
+impl std::hash::Hasher for RecordSumHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        let tail = &bytes[bytes.len().saturating_sub(8)..];
+        let mut b = [0u8; 8];
+        b[..tail.len()].copy_from_slice(tail);
+        self.0 ^= u64::from_le_bytes(b);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 ^= (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
 }
 
 /// Reads every segment in `dir`: the index, the segment table, and what recovery did.
