@@ -26,6 +26,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use dedupwire_engine::compress::Compression;
 use rustix::fs::{flock, FlockOperation};
 
 use crate::error::{io_at, Error, Result};
@@ -36,25 +37,6 @@ use crate::manifest::{Kind, Manifest};
 pub const DELTA_MAX: u64 = 128 << 20;
 /// The zstd level objects are stored at (fast: the cache is written on every send).
 const LEVEL: i32 = 1;
-
-thread_local! {
-    /// This thread's zstd context: a fresh one per file (allocated, its tables zeroed) was a
-    /// tenth of the sender's time on a tree of small files.
-    static COMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
-        const { std::cell::RefCell::new(None) };
-}
-
-/// `bytes` as one zstd frame at [`LEVEL`], with this thread's context.
-fn compress(bytes: &[u8]) -> std::io::Result<Vec<u8>> {
-    COMPRESSOR.with(|slot| {
-        let mut slot = slot.borrow_mut();
-        let c = match slot.as_mut() {
-            Some(c) => c,
-            None => slot.insert(zstd::bulk::Compressor::new(LEVEL)?),
-        };
-        c.compress(bytes)
-    })
-}
 const DEST_MAGIC: &[u8; 4] = b"DWSC";
 const DEST_VERSION: u8 = 2;
 
@@ -171,7 +153,7 @@ impl SendCache {
         }
         let dir = path.parent().expect("objects/ab/name");
         fs::create_dir_all(dir).map_err(io_at(dir))?;
-        let packed = compress(bytes).map_err(io_at(&path))?;
+        let packed = Compression::Zstd(LEVEL).compress(bytes);
         let n = packed.len() as u64;
         let fits = self
             .budget
