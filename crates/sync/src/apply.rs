@@ -524,7 +524,7 @@ const HOLE_BLOCK: usize = 4096;
 /// does not matter.
 struct SparseWriter {
     file: File,
-    /// Bytes handed to the file so far (always a multiple of [`HOLE_BLOCK`]).
+    /// Bytes handed to the file so far (a multiple of [`HOLE_BLOCK`] until `finish`).
     flushed: u64,
     /// The start of the next block, until it is whole.
     partial: Vec<u8>,
@@ -547,54 +547,49 @@ impl SparseWriter {
             if self.partial.len() < HOLE_BLOCK {
                 return Ok(());
             }
-            let block = std::mem::take(&mut self.partial);
-            self.put_blocks(&block)?;
-            self.partial = block;
+            put_blocks(&self.file, self.flushed, &self.partial)?;
+            self.flushed += HOLE_BLOCK as u64;
             self.partial.clear();
         }
         let whole = bytes.len() / HOLE_BLOCK * HOLE_BLOCK;
-        self.put_blocks(&bytes[..whole])?;
+        put_blocks(&self.file, self.flushed, &bytes[..whole])?;
+        self.flushed += whole as u64;
         self.partial.extend_from_slice(&bytes[whole..]);
-        Ok(())
-    }
-
-    /// Writes whole blocks at `flushed`, each run of non-zero ones with one call.
-    fn put_blocks(&mut self, blocks: &[u8]) -> io::Result<()> {
-        use std::os::unix::fs::FileExt;
-        let mut run_start = None;
-        for (k, block) in blocks.chunks(HOLE_BLOCK).enumerate() {
-            let zero = block.iter().all(|&b| b == 0);
-            match (zero, run_start) {
-                (false, None) => run_start = Some(k),
-                (true, Some(r)) => {
-                    let at = self.flushed + (r * HOLE_BLOCK) as u64;
-                    self.file
-                        .write_all_at(&blocks[r * HOLE_BLOCK..k * HOLE_BLOCK], at)?;
-                    run_start = None;
-                }
-                _ => {}
-            }
-        }
-        if let Some(r) = run_start {
-            let at = self.flushed + (r * HOLE_BLOCK) as u64;
-            self.file.write_all_at(&blocks[r * HOLE_BLOCK..], at)?;
-        }
-        self.flushed += blocks.len() as u64;
         Ok(())
     }
 
     /// Writes the last partial block and gives the file its full `size` (a trailing hole
     /// included).
     fn finish(&mut self, size: u64) -> io::Result<()> {
-        use std::os::unix::fs::FileExt;
-        if self.partial.iter().any(|&b| b != 0) {
-            self.file.write_all_at(&self.partial, self.flushed)?;
-        }
+        put_blocks(&self.file, self.flushed, &self.partial)?;
         self.flushed += self.partial.len() as u64;
         self.partial.clear();
         debug_assert_eq!(self.flushed, size);
         self.file.set_len(size)
     }
+}
+
+/// Writes `bytes` at `at` (a block boundary) block by block: each run of blocks holding a
+/// non-zero byte with one call, all-zero blocks not at all.
+fn put_blocks(file: &File, at: u64, bytes: &[u8]) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let zero = bytes
+        .chunks(HOLE_BLOCK)
+        .map(|b| b.iter().all(|&x| x == 0))
+        .chain(std::iter::once(true));
+    let mut run = None;
+    for (k, zero) in zero.enumerate() {
+        match (zero, run) {
+            (false, None) => run = Some(k * HOLE_BLOCK),
+            (true, Some(from)) => {
+                let to = (k * HOLE_BLOCK).min(bytes.len());
+                file.write_all_at(&bytes[from..to], at + from as u64)?;
+                run = None;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// The version a commit replaced, in staging: removed by [`Retired::remove`], or else at the

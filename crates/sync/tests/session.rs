@@ -94,13 +94,16 @@ fn a_sparse_file_arrives_sparse_and_stays_sparse_when_copied_on_the_receiver() {
     let (sent, served) = session(&root, &src, b"vm", &m, None);
     sent.unwrap();
     served.unwrap();
-    let got = root.join("vm/disk.img");
-    assert_eq!(fs::read(&got).unwrap(), fs::read(&image).unwrap());
-    assert!(
-        allocated(&got) < 1 << 20,
-        "{} bytes allocated",
-        allocated(&got)
-    );
+    let arrived_sparse = |path: &Path| {
+        assert_eq!(fs::read(path).unwrap(), fs::read(&image).unwrap());
+        let bytes = allocated(path);
+        assert!(
+            bytes < 1 << 20,
+            "{}: {bytes} bytes allocated",
+            path.display()
+        );
+    };
+    arrived_sparse(&root.join("vm/disk.img"));
     // A copy of the image under a new name is made on the receiver from the one it holds.
     fs::copy(&image, src.join("renamed.img")).unwrap();
     let m = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
@@ -111,13 +114,7 @@ fn a_sparse_file_arrives_sparse_and_stays_sparse_when_copied_on_the_receiver() {
         "the copy comes from the receiver's own tree"
     );
     served.unwrap();
-    let copied = root.join("vm/renamed.img");
-    assert_eq!(fs::read(&copied).unwrap(), fs::read(&image).unwrap());
-    assert!(
-        allocated(&copied) < 1 << 20,
-        "{} bytes allocated",
-        allocated(&copied)
-    );
+    arrived_sparse(&root.join("vm/renamed.img"));
 }
 
 #[test]
