@@ -1157,11 +1157,6 @@ impl Runner for SimilarityRunner {
         let memo = &self.opts.memo;
         let local =
             self.local[slot].get_or_insert_with(|| SimScope::new(config, every, on_top, memo));
-        let mut prepare_cpu = 0.0;
-        let mut prepared = Prepared::default();
-        charge(&mut prepare_cpu, || {
-            local.encoder.prepare(&items, &mut prepared)
-        });
         // The ids are xxh3 (an estimate needs no collision resistance); a deployment's BLAKE3
         // is charged at its measured cost for units of this size instead.
         let unit_bytes = match config.chunker {
@@ -1170,12 +1165,18 @@ impl Runner for SimilarityRunner {
             ChunkerSpec::Cdc { avg, .. } => avg,
         };
         let unit_bytes = unit_bytes.clamp(64, 1 << 20).next_power_of_two();
-        prepare_cpu += (self.opts.blake3_s_per_byte)(unit_bytes) * batch.data.len() as f64;
+        let mut prepare_cpu = (self.opts.blake3_s_per_byte)(unit_bytes) * batch.data.len() as f64;
         let owner: SharedBytes = batch.clone();
         let Some(global) = &self.global else {
-            local.feed(&owner, &items, &prepared, prepare_cpu);
+            // One scope: the encoder cuts as it encodes (an empty preparation describes no
+            // items) and computes features only for units it does not find whole.
+            local.feed(&owner, &items, &Prepared::default(), prepare_cpu);
             return;
         };
+        let mut prepared = Prepared::default();
+        charge(&mut prepare_cpu, || {
+            local.encoder.prepare(&items, &mut prepared)
+        });
         let prepared = Arc::new(prepared);
         let job = (
             slot,
