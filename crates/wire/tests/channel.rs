@@ -565,13 +565,16 @@ fn a_peer_vanishing_mid_message_is_peer_closed() {
     assert!(e.is_peer_closed(), "{e}");
 }
 
-/// A store that claims chunks and then, for the first `forget` gets, has lost them.
-struct Forgetful {
+/// A store in memory that, for its next `forget` gets, has lost the chunks it claims, and
+/// counts how often its sketches are read back.
+#[derive(Default)]
+struct Watched {
     inner: MemoryStore,
     forget: AtomicUsize,
+    recalls: AtomicUsize,
 }
 
-impl ChunkStore for Forgetful {
+impl ChunkStore for Watched {
     fn contains(&self, id: &ChunkId) -> Result<bool, StoreError> {
         self.inner.contains(id)
     }
@@ -586,6 +589,13 @@ impl ChunkStore for Forgetful {
     fn put(&self, id: &ChunkId, data: &[u8]) -> Result<(), StoreError> {
         self.inner.put(id, data)
     }
+    fn remember(&self, sketches: &[dedupwire_wire::Sketch]) -> Result<(), StoreError> {
+        self.inner.remember(sketches)
+    }
+    fn recall(&self) -> Result<Vec<dedupwire_wire::Sketch>, StoreError> {
+        self.recalls.fetch_add(1, Ordering::SeqCst);
+        self.inner.recall()
+    }
 }
 
 /// Sends `m1` then `m2` in dedup mode to a receiver whose store, once `m1` has arrived, has
@@ -595,10 +605,7 @@ fn send_two_to_a_forgetful_receiver(
     m2: Vec<u8>,
     forget: usize,
 ) -> (ChannelStats, ChannelStats) {
-    let store = Arc::new(Forgetful {
-        inner: MemoryStore::new(),
-        forget: AtomicUsize::new(0),
-    });
+    let store = Arc::new(Watched::default());
     let server_store = store.clone();
     let (e1, e2) = (m1.clone(), m2.clone());
     pair(
@@ -667,40 +674,20 @@ fn send_all_on_new_connection(
     st
 }
 
-/// A store that counts how often its sketches are read back.
-#[derive(Default)]
-struct CountingRecalls {
-    inner: MemoryStore,
-    recalls: AtomicUsize,
-}
-
-impl ChunkStore for CountingRecalls {
-    fn contains(&self, id: &ChunkId) -> Result<bool, StoreError> {
-        self.inner.contains(id)
+/// `message` with one byte in every 6000 changed: every chunk differs a little.
+fn edited_every_6000(message: &[u8]) -> Vec<u8> {
+    let mut edited = message.to_vec();
+    for k in 0..edited.len() / 6000 {
+        edited[k * 6000 + 77] ^= 0x5A;
     }
-    fn get(&self, id: &ChunkId) -> Result<Option<Vec<u8>>, StoreError> {
-        self.inner.get(id)
-    }
-    fn put(&self, id: &ChunkId, data: &[u8]) -> Result<(), StoreError> {
-        self.inner.put(id, data)
-    }
-    fn remember(&self, sketches: &[dedupwire_wire::Sketch]) -> Result<(), StoreError> {
-        self.inner.remember(sketches)
-    }
-    fn recall(&self) -> Result<Vec<dedupwire_wire::Sketch>, StoreError> {
-        self.recalls.fetch_add(1, Ordering::SeqCst);
-        self.inner.recall()
-    }
+    edited
 }
 
 #[test]
 fn a_small_message_does_not_read_back_every_sketch_and_a_later_one_still_finds_its_bases() {
     let first = random(3 << 20, 61);
-    let mut second = first.clone();
-    for k in 0..second.len() / 6000 {
-        second[k * 6000 + 77] ^= 0x5A;
-    }
-    let sender = Arc::new(CountingRecalls::default());
+    let second = edited_every_6000(&first);
+    let sender = Arc::new(Watched::default());
     let receiver: Arc<dyn ChunkStore> = Arc::new(MemoryStore::new());
     send_on_new_connection(sender.clone(), receiver.clone(), first);
     let before = sender.recalls.load(Ordering::SeqCst);
@@ -722,10 +709,7 @@ fn a_small_message_does_not_read_back_every_sketch_and_a_later_one_still_finds_i
 #[test]
 fn a_new_connection_finds_delta_bases_in_what_earlier_ones_sent() {
     let first = random(3 << 20, 60);
-    let mut second = first.clone();
-    for k in 0..second.len() / 6000 {
-        second[k * 6000 + 77] ^= 0x5A;
-    }
+    let second = edited_every_6000(&first);
     let receiver: Arc<dyn ChunkStore> = Arc::new(MemoryStore::new());
     let sender: Arc<dyn ChunkStore> = Arc::new(MemoryStore::new());
     send_on_new_connection(sender.clone(), receiver.clone(), first.clone());

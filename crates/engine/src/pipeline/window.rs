@@ -9,7 +9,6 @@ use std::sync::Arc;
 pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
 
 /// One held unit: its own copy, or a range of a shared buffer.
-#[derive(Clone)]
 pub(super) enum Unit {
     Owned(Vec<u8>),
     Shared(SharedBytes, Range<usize>),
