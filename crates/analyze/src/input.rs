@@ -149,7 +149,7 @@ fn read_files(
 ) -> Result<(), AnalyzeError> {
     let mut batch = new_batch(index, ItemKind::File);
     for path in &image.files {
-        let mut file = match File::open(path) {
+        let mut file = match crate::direct::Source::open(path) {
             Ok(f) => f,
             Err(e) => return Err(AnalyzeError::io(path, e)),
         };

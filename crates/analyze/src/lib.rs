@@ -11,6 +11,7 @@
 #![deny(missing_docs)]
 
 mod cpu;
+mod direct;
 pub mod html;
 mod huge;
 mod id_set;
