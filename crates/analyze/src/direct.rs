@@ -44,11 +44,31 @@ impl Source {
     }
 }
 
-impl Read for Source {
-    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+impl Source {
+    /// Appends up to `want` bytes to `out` and returns how many; fewer only at the end.
+    ///
+    /// Neither way zero-fills `out`'s spare capacity first, as std does for a `Read` that
+    /// cannot write into uninitialized memory (all but its own types, on stable Rust): a
+    /// `File` reads straight into it, a direct read copies from the aligned buffer.
+    pub fn read_up_to(&mut self, want: usize, out: &mut Vec<u8>) -> io::Result<usize> {
         match self {
-            Source::Buffered(f) => f.read(out),
-            Source::Direct(d) => d.read(out),
+            Source::Buffered(f) => file_up_to(f, want, out),
+            Source::Direct(d) => d.read_up_to(want, out),
+        }
+    }
+}
+
+/// `take` + `read_to_end` on a `File`: into `out`'s spare capacity, without zero-filling it.
+fn file_up_to(f: &mut File, want: usize, out: &mut Vec<u8>) -> io::Result<usize> {
+    let before = out.len();
+    loop {
+        match f
+            .take((want - (out.len() - before)) as u64)
+            .read_to_end(out)
+        {
+            Ok(_) => return Ok(out.len() - before),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
 }
@@ -110,16 +130,21 @@ impl Direct {
     }
 }
 
-impl Read for Direct {
-    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
-        if self.taken == self.filled && self.refill()? == 0 {
-            return Ok(0);
+impl Direct {
+    /// Appends up to `want` bytes to `out` and returns how many; fewer only at the end.
+    fn read_up_to(&mut self, want: usize, out: &mut Vec<u8>) -> io::Result<usize> {
+        let mut got = 0;
+        while got < want {
+            if self.taken == self.filled && self.refill()? == 0 {
+                break;
+            }
+            let n = (self.filled - self.taken).min(want - got);
+            let at = self.skew + self.taken;
+            out.extend_from_slice(&self.buf[at..at + n]);
+            self.taken += n;
+            got += n;
         }
-        let from = &self.buf[self.skew + self.taken..self.skew + self.filled];
-        let n = from.len().min(out.len());
-        out[..n].copy_from_slice(&from[..n]);
-        self.taken += n;
-        Ok(n)
+        Ok(got)
     }
 }
 
@@ -237,13 +262,12 @@ mod tests {
                 return;
             };
             let mut got = Vec::new();
-            let mut piece = vec![0u8; 1_000_003];
             loop {
-                let n = d.read(&mut piece[..(got.len() % 7919) + 1]).unwrap();
-                if n == 0 {
+                let ask = (got.len() % 7919) * 131 + 1;
+                let n = d.read_up_to(ask, &mut got).unwrap();
+                if n < ask {
                     break;
                 }
-                got.extend_from_slice(&piece[..n]);
             }
             assert!(got == want, "{len} bytes read back differ");
         }
@@ -256,13 +280,13 @@ mod tests {
         let Ok(mut d) = Direct::open(&file.0) else {
             return;
         };
-        let mut got = vec![0u8; 100];
-        assert_eq!(d.read(&mut got).unwrap(), 100);
+        let mut got = Vec::new();
+        assert_eq!(d.read_up_to(100, &mut got).unwrap(), 100);
         // As if the first read had stopped 100 bytes into the file.
         d.filled = 100;
         d.offset = 100;
         d.unaligned = true;
-        d.read_to_end(&mut got).unwrap();
+        d.read_up_to(usize::MAX, &mut got).unwrap();
         assert!(got == want);
     }
 
@@ -285,7 +309,7 @@ mod tests {
         let mut src = Source::open(&file.0).unwrap();
         assert!(matches!(src, Source::Direct(_)));
         let mut got = Vec::new();
-        src.read_to_end(&mut got).unwrap();
+        src.read_up_to(usize::MAX, &mut got).unwrap();
         assert!(got == want);
     }
 

@@ -5,7 +5,7 @@
 //! reader thread fills the next batch while the methods work on the current one.
 
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver};
 
@@ -156,8 +156,8 @@ fn read_files(
         loop {
             let start = batch.data.len();
             let want = BATCH_BYTES - start;
-            // `take` + `read_to_end` appends into spare capacity without zero-filling it first.
-            let n = read_up_to(&mut file, want, &mut batch.data)
+            let n = file
+                .read_up_to(want, &mut batch.data)
                 .map_err(|e| AnalyzeError::io(path, e))?;
             let item_end = n < want;
             if n > 0 || item_end {
@@ -182,20 +182,6 @@ fn read_files(
         send(batch);
     }
     Ok(())
-}
-
-fn read_up_to(r: &mut impl Read, want: usize, out: &mut Vec<u8>) -> io::Result<usize> {
-    let before = out.len();
-    loop {
-        match r
-            .take((want - (out.len() - before)) as u64)
-            .read_to_end(out)
-        {
-            Ok(_) => return Ok(out.len() - before),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
 }
 
 fn read_documents(
