@@ -42,9 +42,7 @@ impl Source {
         }
         Ok(Source::Buffered(file))
     }
-}
 
-impl Source {
     /// Appends up to `want` bytes to `out` and returns how many; fewer only at the end.
     ///
     /// Neither way zero-fills `out`'s spare capacity first, as std does for a `Read` that
@@ -115,10 +113,16 @@ impl Direct {
             reopen_buffered(&mut self.file, self.offset)?;
             self.cached = true;
         }
-        let chunk = &mut self.buf[self.skew..self.skew + CHUNK];
         let n = loop {
+            let chunk = &mut self.buf[self.skew..self.skew + CHUNK];
             match self.file.read(chunk) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // A filesystem that took O_DIRECT at open but refuses its reads: go on through
+                // the page cache.
+                Err(e) if e.kind() == io::ErrorKind::InvalidInput && !self.cached => {
+                    reopen_buffered(&mut self.file, self.offset)?;
+                    self.cached = true;
+                }
                 r => break r?,
             }
         };
