@@ -10,7 +10,7 @@
 //! through it, as are small files, and any file whose filesystem refuses `O_DIRECT` (tmpfs).
 
 use std::fs::File;
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io::{self, Read};
 use std::path::Path;
 
 /// Files at least this large are read directly when mostly uncached.
@@ -35,10 +35,9 @@ impl Source {
     pub fn open(path: &Path) -> io::Result<Source> {
         let file = File::open(path)?;
         let len = file.metadata()?.len();
-        if len >= DIRECT_MIN && cached_fraction(&file, len) < 0.5 {
-            if let Ok(direct) = Direct::open(path) {
-                return Ok(Source::Direct(direct));
-            }
+        if len >= DIRECT_MIN && cached_fraction(&file, len) < 0.5 && set_direct(&file, true).is_ok()
+        {
+            return Ok(Source::Direct(Direct::new(file)));
         }
         Ok(Source::Buffered(file))
     }
@@ -71,7 +70,7 @@ fn file_up_to(f: &mut File, want: usize, out: &mut Vec<u8>) -> io::Result<usize>
     }
 }
 
-/// A file opened with `O_DIRECT`, read in aligned chunks through an aligned buffer.
+/// A file read with `O_DIRECT`, in aligned chunks through an aligned buffer.
 pub struct Direct {
     file: File,
     /// `CHUNK + ALIGN` bytes; the chunk buffer starts at `skew`, the first aligned byte.
@@ -82,46 +81,45 @@ pub struct Direct {
     taken: usize,
     /// File offset of the next read.
     offset: u64,
-    /// Set after a read that ended unaligned: the file's end, or a short read after which
-    /// `O_DIRECT` cannot go on (the file is then read through the page cache from there).
-    unaligned: bool,
-    /// Whether `O_DIRECT` was turned off for the rest of the file.
-    cached: bool,
+    /// Whether `O_DIRECT` is still on: it goes off for the rest of the file after a short read
+    /// that left the offset unaligned, or when the filesystem refuses a direct read.
+    direct: bool,
 }
 
 impl Direct {
-    /// Opens `path` for direct reading; an error if the OS or filesystem does not support it.
-    pub fn open(path: &Path) -> io::Result<Direct> {
-        let file = open_direct(path)?;
+    /// Reads `file`, on which `O_DIRECT` is set.
+    fn new(file: File) -> Direct {
         let buf = vec![0u8; CHUNK + ALIGN];
         let skew = buf.as_ptr().align_offset(ALIGN);
-        Ok(Direct {
+        Direct {
             file,
             buf,
             skew,
             filled: 0,
             taken: 0,
             offset: 0,
-            unaligned: false,
-            cached: false,
-        })
+            direct: true,
+        }
+    }
+
+    /// Goes on through the page cache (the file's position stays where it is).
+    fn stop_direct(&mut self) -> io::Result<()> {
+        self.direct = false;
+        set_direct(&self.file, false)
     }
 
     /// Refills the chunk buffer; `Ok(0)` at the end of the file.
     fn refill(&mut self) -> io::Result<usize> {
-        if self.unaligned && !self.cached {
-            reopen_buffered(&mut self.file, self.offset)?;
-            self.cached = true;
+        if self.direct && self.offset % ALIGN as u64 != 0 {
+            self.stop_direct()?;
         }
         let n = loop {
             let chunk = &mut self.buf[self.skew..self.skew + CHUNK];
             match self.file.read(chunk) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                // A filesystem that took O_DIRECT at open but refuses its reads: go on through
-                // the page cache.
-                Err(e) if e.kind() == io::ErrorKind::InvalidInput && !self.cached => {
-                    reopen_buffered(&mut self.file, self.offset)?;
-                    self.cached = true;
+                // A filesystem that took O_DIRECT but refuses its reads.
+                Err(e) if e.kind() == io::ErrorKind::InvalidInput && self.direct => {
+                    self.stop_direct()?;
                 }
                 r => break r?,
             }
@@ -129,12 +127,9 @@ impl Direct {
         self.filled = n;
         self.taken = 0;
         self.offset += n as u64;
-        self.unaligned |= n % ALIGN != 0;
         Ok(n)
     }
-}
 
-impl Direct {
     /// Appends up to `want` bytes to `out` and returns how many; fewer only at the end.
     fn read_up_to(&mut self, want: usize, out: &mut Vec<u8>) -> io::Result<usize> {
         let mut got = 0;
@@ -152,39 +147,32 @@ impl Direct {
     }
 }
 
+/// Turns `O_DIRECT` on or off for `file`; an error where the OS or filesystem cannot.
 #[cfg(target_os = "linux")]
-fn open_direct(path: &Path) -> io::Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
-}
-
-#[cfg(not(target_os = "linux"))]
-fn open_direct(_: &Path) -> io::Result<File> {
-    Err(io::Error::from(io::ErrorKind::Unsupported))
-}
-
-/// Turns `O_DIRECT` off for `file` and puts it at `offset`.
-#[cfg(target_os = "linux")]
-fn reopen_buffered(file: &mut File, offset: u64) -> io::Result<()> {
+fn set_direct(file: &File, on: bool) -> io::Result<()> {
     use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
     // SAFETY: F_GETFL/F_SETFL on a descriptor we own only change its status flags.
-    unsafe {
-        let fd = file.as_raw_fd();
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        if flags < 0 || libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_DIRECT) < 0 {
-            return Err(io::Error::last_os_error());
-        }
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    let want = if on {
+        flags | libc::O_DIRECT
+    } else {
+        flags & !libc::O_DIRECT
+    };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, want) } < 0 {
+        return Err(io::Error::last_os_error());
     }
-    file.seek(SeekFrom::Start(offset))?;
     Ok(())
 }
 
 #[cfg(not(target_os = "linux"))]
-fn reopen_buffered(file: &mut File, offset: u64) -> io::Result<()> {
-    file.seek(SeekFrom::Start(offset)).map(|_| ())
+fn set_direct(_: &File, on: bool) -> io::Result<()> {
+    if on {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    } else {
+        Ok(())
+    }
 }
 
 /// The fraction of `file`'s pages in the page cache (`mincore` over a mapping of it); 1.0
@@ -199,7 +187,7 @@ fn cached_fraction(file: &File, len: u64) -> f64 {
     let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
     let pages = len.div_ceil(page);
     let mut resident = vec![0u8; pages];
-    // SAFETY: a private read-only mapping of the whole file, never dereferenced: mincore only
+    // SAFETY: a read-only mapping of the whole file, never dereferenced: mincore only
     // reports which of its pages are resident, into a vector of one byte per page, and the
     // mapping is removed before returning.
     unsafe {
@@ -250,6 +238,13 @@ mod tests {
         Scratch(path)
     }
 
+    /// `path` read directly, or `None` where its filesystem refuses `O_DIRECT`.
+    fn direct(path: &Path) -> Option<Direct> {
+        let file = File::open(path).unwrap();
+        set_direct(&file, true).ok()?;
+        Some(Direct::new(file))
+    }
+
     fn data(len: usize) -> Vec<u8> {
         (0..len as u64)
             .map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 57) as u8)
@@ -261,7 +256,7 @@ mod tests {
         for len in [0, 1, 4095, 4096, CHUNK, CHUNK + 4096, 2 * CHUNK + 12_345] {
             let want = data(len);
             let file = scratch(&format!("pieces-{len}"), &want);
-            let Ok(mut d) = Direct::open(&file.0) else {
+            let Some(mut d) = direct(&file.0) else {
                 eprintln!("O_DIRECT unsupported here; only buffered reads are tested");
                 return;
             };
@@ -281,16 +276,16 @@ mod tests {
     fn a_short_read_in_the_middle_goes_on_through_the_page_cache() {
         let want = data(3 * CHUNK);
         let file = scratch("short", &want);
-        let Ok(mut d) = Direct::open(&file.0) else {
+        let Some(mut d) = direct(&file.0) else {
             return;
         };
         let mut got = Vec::new();
         assert_eq!(d.read_up_to(100, &mut got).unwrap(), 100);
         // As if the first read had stopped 100 bytes into the file.
-        d.filled = 100;
-        d.offset = 100;
-        d.unaligned = true;
+        std::io::Seek::seek(&mut d.file, std::io::SeekFrom::Start(100)).unwrap();
+        (d.filled, d.offset) = (100, 100);
         d.read_up_to(usize::MAX, &mut got).unwrap();
+        assert!(!d.direct, "O_DIRECT is off after the unaligned offset");
         assert!(got == want);
     }
 
@@ -306,7 +301,7 @@ mod tests {
             use std::os::fd::AsRawFd;
             libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
         }
-        if cached_fraction(&f, want.len() as u64) > 0.5 || Direct::open(&file.0).is_err() {
+        if cached_fraction(&f, want.len() as u64) > 0.5 || direct(&file.0).is_none() {
             eprintln!("cannot evict the file or no O_DIRECT here; the direct path is not tested");
             return;
         }
@@ -315,6 +310,13 @@ mod tests {
         let mut got = Vec::new();
         src.read_up_to(usize::MAX, &mut got).unwrap();
         assert!(got == want);
+    }
+
+    #[test]
+    fn a_missing_file_is_an_error_naming_what_went_wrong() {
+        let gone = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/direct-tests/none");
+        let err = Source::open(&gone).err().expect("no such file");
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
     }
 
     #[test]
