@@ -43,6 +43,7 @@ mod asynchronous;
 pub mod config;
 mod effort;
 mod link;
+mod parallel;
 pub mod protocol;
 mod receiver;
 mod sender;
