@@ -105,6 +105,7 @@ pub fn recv(args: &RecvArgs) -> Result<()> {
         s.set_nodelay(true)?;
         let store: Arc<dyn ChunkStore> = env.clone();
         let mut ch = DedupStream::new(s, store, config.clone(), Role::Accept)?;
+        ch.look_between_calls();
         if args.stream {
             let mut out = File::from(std::io::stdout().as_fd().try_clone_to_owned()?);
             copy_big(&mut ch, &mut out)?;
@@ -167,6 +168,7 @@ pub fn send(args: &SendArgs) -> Result<()> {
         None => Arc::new(MemoryStore::new()),
     };
     let mut ch = DedupStream::new(s, store, config, Role::Connect)?;
+    ch.look_between_calls();
     let mut messages = Vec::new();
     for p in &args.inputs {
         let t = Instant::now();

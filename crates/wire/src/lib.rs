@@ -42,8 +42,8 @@ pub mod store;
 #[cfg(feature = "tokio")]
 pub use channel::AsyncDedupStream;
 pub use channel::{
-    ChannelConfig, ChannelStats, Chunker, DedupListener, DedupStream, Identifier, Mode, Registry,
-    Role, Security, Transport,
+    ChannelConfig, ChannelStats, Chunker, DedupListener, DedupStream, Identifier, Mode, ReadReady,
+    Registry, Role, Security, Transport,
 };
 pub use env::{EnvConfig, EnvStats, Environment};
 pub use error::{Error, Result};

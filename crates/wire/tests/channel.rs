@@ -1053,6 +1053,64 @@ fn io_read_streams_a_message_before_it_ends() {
     );
 }
 
+/// A writer that keeps writing (without filling the window) serves the receiver's answers
+/// between its writes, so the head of its first segment is rebuilt and read while the
+/// message is open; before, the answers waited for a full window or the end of the message.
+#[test]
+fn a_writer_serves_the_answers_to_its_requests_between_its_writes() {
+    let config = ChannelConfig {
+        mode: Mode::Dedup,
+        segment_size: 4 << 20,
+        ..ChannelConfig::default()
+    };
+    let seg = config.segment_size;
+    let data = structured(3 * seg, 72);
+    let expect = data.clone();
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let (got, written) = pair(
+        config.clone(),
+        config,
+        Arc::new(MemoryStore::new()),
+        move |mut s| {
+            // Half a segment: a segment's last chunk waits for the bytes that follow it.
+            let mut head = vec![0; seg / 2];
+            s.read_exact(&mut head).unwrap();
+            go.send(()).unwrap();
+            let mut rest = Vec::new();
+            s.read_to_end(&mut rest).unwrap();
+            head.extend_from_slice(&rest);
+            head
+        },
+        move |mut c| {
+            let step = 256 << 10;
+            let mut pos = 0;
+            let mut written_when_read = None;
+            while pos < data.len() {
+                let end = (pos + step).min(data.len());
+                c.write_all(&data[pos..end]).unwrap();
+                pos = end;
+                if written_when_read.is_none() {
+                    // Time for the receiver to answer what was sent so far.
+                    thread::sleep(Duration::from_millis(20));
+                    if wait.try_recv().is_ok() {
+                        written_when_read = Some(pos);
+                    }
+                }
+            }
+            c.flush().unwrap();
+            c.close().unwrap();
+            written_when_read
+        },
+    );
+    assert_eq!(got, expect);
+    let written = written.expect("the first segment was read before the message ended");
+    assert!(
+        written < 2 * seg,
+        "the first segment was read only after {written} bytes were written, with the window \
+         (four segments) far from full"
+    );
+}
+
 #[test]
 fn channel_levels_can_be_set_from_engine_specs() {
     let mut c = ChannelConfig::with_levels(&[ChunkerSpec::Whole, ChunkerSpec::cdc(1024)]).unwrap();

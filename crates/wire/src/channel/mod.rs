@@ -59,4 +59,4 @@ pub use self::config::{
 };
 pub use self::stats::ChannelStats;
 pub use self::stream::{DedupListener, DedupStream, Role};
-pub use self::transport::{Security, Transport, HANDSHAKE_TIMEOUT};
+pub use self::transport::{ReadReady, Security, Transport, HANDSHAKE_TIMEOUT};

@@ -19,7 +19,7 @@ use super::protocol::{Limits, Message, MIN_VERSION, PROTOCOL, VERSION, ZDELTA_VE
 use super::receiver::{Arrived, Packed, Receiver};
 use super::sender::Sender;
 use super::stats::ChannelStats;
-use super::transport::{Security, Transport, HANDSHAKE_TIMEOUT};
+use super::transport::{ReadReady, Security, Transport, HANDSHAKE_TIMEOUT};
 use crate::error::{Error, Result};
 use crate::frame::{FrameType, Framed};
 use crate::handshake::Hello;
@@ -50,7 +50,17 @@ pub struct DedupStream<S: Read + Write> {
     wbuf: Vec<u8>,
     rbuf: Vec<u8>,
     rpos: usize,
+    /// Whether frames from the peer are waiting to be read (see
+    /// [`DedupStream::look_between_calls`]); over a stream that cannot tell, never.
+    waiting: fn(&S) -> bool,
+    /// Bytes gathered or handed out since frames were last looked for.
+    since_look: usize,
 }
+
+/// Bytes an application writes or reads between two looks for frames the peer has sent.
+const LOOK_EVERY: usize = 256 << 10;
+/// Frames served at one look, at most, before the application has its turn again.
+const SERVE_AT_ONCE: usize = 64;
 
 impl<S: Read + Write> std::fmt::Debug for DedupStream<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -78,13 +88,26 @@ impl DedupStream<Transport> {
         tcp.set_nodelay(true).map_err(Error::Io)?;
         tcp.set_read_timeout(Some(HANDSHAKE_TIMEOUT))
             .map_err(Error::Io)?;
-        let stream = DedupStream::new(security.client(tcp)?, store, config, Role::Connect)?;
+        let mut stream = DedupStream::new(security.client(tcp)?, store, config, Role::Connect)?;
+        stream.look_between_calls();
         stream
             .get_ref()
             .tcp()
             .set_read_timeout(None)
             .map_err(Error::Io)?;
         Ok(stream)
+    }
+}
+
+impl<S: Read + Write + ReadReady> DedupStream<S> {
+    /// Lets the channel look, between the application's reads and writes (`Read`, `Write`),
+    /// for frames the peer has sent, and serve them at once: otherwise it serves
+    /// them only when it has to wait for one, and a round trip also waits for the
+    /// application (for its next input, or until it took the last output). `connect` and
+    /// `accept` do this; a channel made by [`DedupStream::new`] over a stream that can tell
+    /// ([`ReadReady`]) should too.
+    pub fn look_between_calls(&mut self) {
+        self.waiting = S::read_ready;
     }
 }
 
@@ -161,6 +184,8 @@ impl<S: Read + Write> DedupStream<S> {
             wbuf: Vec::new(),
             rbuf: Vec::new(),
             rpos: 0,
+            waiting: |_| false,
+            since_look: 0,
         })
     }
 
@@ -302,6 +327,27 @@ impl<S: Read + Write> DedupStream<S> {
         self.link.fail(e)
     }
 
+    /// Serves the frames the peer has sent already (answers to this end's requests, its
+    /// acknowledgements, its own requests) without waiting for more. Called between an
+    /// application's reads and writes, so that a round trip does not also wait for the
+    /// application: Django's tar streamed in dedup mode through `Write` and `Read`, each end
+    /// serving frames only when it had to wait for one, left each request 20-60 ms
+    /// unanswered while the sender read its input and the receiver wrote its output.
+    ///
+    /// It serves them while `expecting` (this end awaits answers, or the rest of a message):
+    /// a frame read past that could be the peer's goodbye, which is the application's to see
+    /// at its next call.
+    fn serve_waiting(&mut self, expecting: fn(&Self) -> bool) -> Result<()> {
+        self.since_look = 0;
+        for _ in 0..SERVE_AT_ONCE {
+            if !expecting(self) || !(self.waiting)(self.link.framed.get_ref()) {
+                break;
+            }
+            self.pump()?;
+        }
+        Ok(())
+    }
+
     /// Reads one frame and acts on it.
     fn pump(&mut self) -> Result<()> {
         self.check()?;
@@ -408,6 +454,14 @@ impl<S: Read + Write> DedupStream<S> {
         self.check()?;
         self.wbuf.extend_from_slice(buf);
         self.stats.message_bytes_sent += buf.len() as u64;
+        self.since_look += buf.len();
+        if self.since_look >= LOOK_EVERY && !self.sender.idle() {
+            let (t, spent) = (Instant::now(), self.spent());
+            let r = self.serve_waiting(|s| !s.sender.idle());
+            self.account(spent);
+            self.stats.send_time += t.elapsed();
+            r?;
+        }
         if self.wbuf.len() >= self.sender.next_cap() {
             let pending = std::mem::take(&mut self.wbuf);
             let t = Instant::now();
@@ -485,6 +539,14 @@ impl<S: Read + Write> Read for DedupStream<S> {
         let n = buf.len().min(self.rbuf.len() - self.rpos);
         buf[..n].copy_from_slice(&self.rbuf[self.rpos..self.rpos + n]);
         self.rpos += n;
+        self.since_look += n;
+        if self.since_look >= LOOK_EVERY && self.receiver.mid_message() {
+            let t = Instant::now();
+            // An error here is kept (the channel is broken) and reported once the bytes
+            // already rebuilt have been read.
+            let _ = self.serve_waiting(|s| s.receiver.mid_message());
+            self.stats.recv_time += t.elapsed();
+        }
         Ok(n)
     }
 }
@@ -543,12 +605,13 @@ impl DedupListener {
         tcp.set_nodelay(true).map_err(Error::Io)?;
         tcp.set_read_timeout(Some(HANDSHAKE_TIMEOUT))
             .map_err(Error::Io)?;
-        let stream = DedupStream::new(
+        let mut stream = DedupStream::new(
             self.security.server(tcp)?,
             self.store.clone(),
             self.config.clone(),
             Role::Accept,
         )?;
+        stream.look_between_calls();
         stream
             .get_ref()
             .tcp()

@@ -95,6 +95,37 @@ impl Transport {
     }
 }
 
+/// A byte stream that can tell whether a read would return without waiting (bytes, the end
+/// of the stream, or an error to report), so that a channel over it serves the frames its
+/// peer has sent between the application's reads and writes (see
+/// [`DedupStream::look_between_calls`](super::DedupStream::look_between_calls)).
+pub trait ReadReady {
+    /// Whether a read would return without waiting.
+    fn read_ready(&self) -> bool;
+}
+
+impl ReadReady for TcpStream {
+    fn read_ready(&self) -> bool {
+        if self.set_nonblocking(true).is_err() {
+            return false;
+        }
+        let r = self.peek(&mut [0u8; 1]);
+        if self.set_nonblocking(false).is_err() {
+            return true;
+        }
+        !matches!(r, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+}
+
+impl ReadReady for Transport {
+    fn read_ready(&self) -> bool {
+        match self {
+            Transport::Plain(s) => s.read_ready(),
+            Transport::Secure(s) => s.has_buffered() || s.get_ref().read_ready(),
+        }
+    }
+}
+
 impl Read for Transport {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
@@ -117,5 +148,50 @@ impl Write for Transport {
             Transport::Plain(s) => s.flush(),
             Transport::Secure(s) => s.flush(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+    use std::time::Instant;
+
+    /// Waits up to a second for `s` to be ready.
+    fn becomes_ready(s: &TcpStream) -> bool {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(1) {
+            if s.read_ready() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        false
+    }
+
+    #[test]
+    fn a_socket_is_ready_with_bytes_or_at_its_end_and_stays_blocking() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut b, _) = l.accept().unwrap();
+        assert!(!b.read_ready(), "nothing sent yet");
+        a.write_all(b"hi").unwrap();
+        assert!(becomes_ready(&b));
+        let mut got = [0u8; 2];
+        b.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"hi");
+        assert!(!b.read_ready(), "everything read");
+        // Still blocking: a read waits for its timeout instead of failing at once.
+        b.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let t = Instant::now();
+        assert!(b.read(&mut got).is_err());
+        assert!(
+            t.elapsed() >= Duration::from_millis(40),
+            "{:?}",
+            t.elapsed()
+        );
+        drop(a);
+        assert!(becomes_ready(&b), "the end of the stream is ready");
+        assert_eq!(b.read(&mut got).unwrap(), 0);
     }
 }

@@ -146,6 +146,11 @@ impl<S: Read + Write> SecureStream<S> {
         self.write_offset
     }
 
+    /// Whether bytes read from the underlying stream are waiting here, decrypted or not.
+    pub(crate) fn has_buffered(&self) -> bool {
+        self.plain_pos < self.plain.len() || self.rstart < self.rend
+    }
+
     /// The underlying stream (e.g. to set socket timeouts).
     pub fn get_ref(&self) -> &S {
         &self.inner
