@@ -521,7 +521,8 @@ impl<S: Read + Write> Read for DedupStream<S> {
                 None => self.receiver.take_ready(),
             };
             if let Some(m) = next {
-                self.rbuf = m;
+                let read = std::mem::replace(&mut self.rbuf, m);
+                self.receiver.recycle(read);
                 self.rpos = 0;
                 continue;
             }
