@@ -47,6 +47,7 @@ mod parallel;
 pub mod protocol;
 mod receiver;
 mod sender;
+mod spare;
 mod stats;
 mod stream;
 mod transport;

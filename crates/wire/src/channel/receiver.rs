@@ -19,6 +19,7 @@ use super::link::Link;
 use super::parallel;
 use super::protocol::{decode_entries, Entry, Message, MessageEnd};
 use super::sender::ZDELTA_LEVEL;
+use super::spare::Spare;
 use super::stats::ChannelStats;
 use crate::error::{Error, Result};
 use crate::store::{ChunkId, ChunkStore};
@@ -40,9 +41,9 @@ struct InMsg {
     last: Option<(u64, MessageEnd)>,
     finished: BTreeMap<u64, Vec<u8>>,
     next_out: u64,
+    /// Segments in order not yet taken, once the message is streamed.
     ready: VecDeque<Vec<u8>>,
-    /// The segments in `ready` so far, joined, while nobody streams the message: joined as
-    /// they come, each segment's buffer serves a later segment.
+    /// The segments in order so far, joined, until the message is streamed.
     joined: Vec<u8>,
     streamed: bool,
     hasher: blake3::Hasher,
@@ -66,13 +67,22 @@ impl InMsg {
         }
     }
 
-    /// Takes segment `seg`'s bytes, complete, and moves every segment now in order to `ready`.
-    fn finish(&mut self, seg: u64, bytes: Vec<u8>) {
+    /// Takes segment `seg`'s bytes, complete, and moves every segment now in order to
+    /// `ready` when the message is streamed, else joins it to the rest (its buffer then goes
+    /// to `spare`).
+    fn finish(&mut self, seg: u64, bytes: Vec<u8>, spare: &mut Spare) {
         self.finished.insert(seg, bytes);
         while let Some(b) = self.finished.remove(&self.next_out) {
             self.hasher.update(&b);
-            self.ready.push_back(b);
             self.next_out += 1;
+            if self.streamed {
+                self.ready.push_back(b);
+            } else if self.joined.is_empty() {
+                self.joined = b;
+            } else {
+                self.joined.extend_from_slice(&b);
+                spare.give(b);
+            }
         }
     }
 }
@@ -120,14 +130,9 @@ pub(crate) struct Receiver {
     /// busy time, reported in the segment's ACK.
     pub(crate) frame_started: Option<Instant>,
     codec: Sampled,
-    /// Buffers of segments the application is done with, for the next segments: a fresh
-    /// zeroed 8 MiB buffer per segment cost a page fault per 4 KiB (12% of a receiver's time
-    /// on Django's tar in dedup mode).
-    spare: Vec<Vec<u8>>,
+    /// Buffers of segments the application is done with, for the next segments.
+    spare: Spare,
 }
-
-/// Segment buffers kept for reuse.
-const SPARE_BUFFERS: usize = 2;
 
 fn protocol(msg: String) -> Error {
     Error::Protocol(msg)
@@ -136,6 +141,7 @@ fn protocol(msg: String) -> Error {
 impl Receiver {
     pub(crate) fn new(cfg: ChannelConfig, store: Arc<dyn ChunkStore>) -> Receiver {
         Receiver {
+            spare: Spare::new(cfg.segment_size),
             cfg,
             store,
             next_seg: 0,
@@ -144,15 +150,12 @@ impl Receiver {
             done: VecDeque::new(),
             frame_started: None,
             codec: Sampled::default(),
-            spare: Vec::new(),
         }
     }
 
     /// Takes back a segment's buffer the application has read, for a later segment.
     pub(crate) fn recycle(&mut self, buf: Vec<u8>) {
-        if self.spare.len() < SPARE_BUFFERS && buf.capacity() >= self.cfg.segment_size / 2 {
-            self.spare.push(buf);
-        }
+        self.spare.give(buf);
     }
 
     /// Whether a message has started arriving and is not complete yet.
@@ -201,8 +204,7 @@ impl Receiver {
         }
         msg.len = new_len;
         msg.open += 1;
-        let mut buf = self.spare.pop().unwrap_or_default();
-        buf.clear();
+        let mut buf = self.spare.take();
         buf.resize(len as usize, 0);
         Ok(buf)
     }
@@ -628,20 +630,8 @@ impl Receiver {
         }
         let busy = s.busy + self.frame_started.map_or(Duration::ZERO, |t| t.elapsed());
         let msg = self.msg.as_mut().expect("a segment belongs to a message");
-        msg.finish(seg, s.buf);
+        msg.finish(seg, s.buf, &mut self.spare);
         msg.open -= 1;
-        if !msg.streamed {
-            while let Some(part) = msg.ready.pop_front() {
-                if msg.joined.is_empty() {
-                    msg.joined = part;
-                } else {
-                    msg.joined.extend_from_slice(&part);
-                    if self.spare.len() < SPARE_BUFFERS {
-                        self.spare.push(part);
-                    }
-                }
-            }
-        }
         let last = msg.last.map(|(l, _)| l);
         if last != Some(seg) {
             link.send(&Message::Ack {

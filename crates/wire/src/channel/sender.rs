@@ -40,6 +40,7 @@ use super::effort::Effort;
 use super::link::Link;
 use super::parallel;
 use super::protocol::{EntryRef, Message, MessageEnd, DATA_FRAME};
+use super::spare::Spare;
 use super::stats::ChannelStats;
 use crate::error::{Error, Result};
 use crate::store::{ChunkId, ChunkStore, IdMap, Sketch};
@@ -89,9 +90,6 @@ const SAMPLE_MIN: usize = 64 << 10;
 /// compressed bytes than 8 MiB segments at zstd -3; where the link bounds them, segments
 /// stay whole and compress best.
 const PLAIN_SHARE_FAST: usize = 4;
-
-/// Acknowledged segments' buffers kept for reuse.
-const SPARE_BUFFERS: usize = 2;
 
 /// zstd's level for zstd deltas (see [`EntryRef::ZDelta`]).
 pub(crate) const ZDELTA_LEVEL: i32 = 3;
@@ -183,10 +181,10 @@ pub(crate) struct Sender {
     zeffort: Effort,
     /// Whether the adaptive mode was offered the store's prior (at the first segment).
     primed: bool,
-    /// Buffers of acknowledged segments, for the next segments' bytes: a fresh 8 MiB buffer
-    /// per segment cost a page fault per 4 KiB, 6% of the sender's time on Django's tar.
-    spare: Vec<Vec<u8>>,
-    /// The DATA frame being gathered, kept between segments for the same reason.
+    /// Buffers of acknowledged segments, for the next segments' bytes.
+    spare: Spare,
+    /// The DATA frame being gathered, kept between segments (a fresh one faulted its pages
+    /// in again).
     body: Vec<u8>,
 }
 
@@ -203,6 +201,7 @@ struct Plan {
 impl Sender {
     pub(crate) fn new(cfg: ChannelConfig, store: Arc<dyn ChunkStore>) -> Sender {
         Sender {
+            spare: Spare::new(cfg.segment_size),
             compressor: Compressor::new(cfg.compression),
             plain_compressor: Compressor::new(cfg.compression),
             adaptive: Adaptive::new(cfg.mode, cfg.compression),
@@ -229,7 +228,6 @@ impl Sender {
             learnt: Vec::new(),
             needs: 0,
             primed: false,
-            spare: Vec::new(),
             body: Vec::new(),
         }
     }
@@ -406,8 +404,7 @@ impl Sender {
                 take -= lens.pop().unwrap_or(0);
             }
         }
-        let mut bytes = self.spare.pop().unwrap_or_default();
-        bytes.clear();
+        let mut bytes = self.spare.take();
         bytes.extend_from_slice(&data[..take]);
         self.hasher.update(&bytes);
         self.msg_len += take as u64;
@@ -902,9 +899,7 @@ impl Sender {
             )));
         }
         let bytes = s.data.len();
-        if self.spare.len() < SPARE_BUFFERS {
-            self.spare.push(s.data);
-        }
+        self.spare.give(s.data);
         if !s.sampled {
             return Ok(());
         }
