@@ -1111,6 +1111,36 @@ fn a_writer_serves_the_answers_to_its_requests_between_its_writes() {
     );
 }
 
+/// A peer that vanishes in the middle of a message read through `Read` is an error there,
+/// not the end of the stream, however the reader's looks for waiting frames meet it.
+#[test]
+fn a_writer_vanishing_mid_message_is_an_error_for_the_reader() {
+    let config = dedup_config();
+    let seg = config.segment_size;
+    let data = structured(3 * seg, 73);
+    let sent = data.clone();
+    let (got, _) = pair(
+        config.clone(),
+        config,
+        Arc::new(MemoryStore::new()),
+        move |mut s| {
+            let mut got = Vec::new();
+            let e = s.read_to_end(&mut got).unwrap_err();
+            (got, e.to_string())
+        },
+        move |mut c| {
+            for piece in sent.chunks(64 << 10) {
+                c.write_all(piece).unwrap();
+                thread::sleep(Duration::from_millis(5));
+            }
+            drop(c);
+        },
+    );
+    let (prefix, e) = got;
+    assert!(e.contains("closed"), "{e}");
+    assert!(prefix.len() < data.len() && data.starts_with(&prefix));
+}
+
 #[test]
 fn channel_levels_can_be_set_from_engine_specs() {
     let mut c = ChannelConfig::with_levels(&[ChunkerSpec::Whole, ChunkerSpec::cdc(1024)]).unwrap();

@@ -354,13 +354,27 @@ impl<S: Read + Write> DedupStream<S> {
         self.pump_one().map_err(|e| self.broke(e))
     }
 
+    /// Whether a message is under way in either direction: the peer leaving now cuts it off.
+    fn unfinished(&self) -> bool {
+        self.receiver.mid_message() || !self.sender.idle()
+    }
+
     fn pump_one(&mut self) -> Result<()> {
-        let frame = self.link.read()?;
+        // The connection ending between frames is an orderly end only between messages, as
+        // for a goodbye: a reader through `Read` took it for the end of the stream and missed
+        // the rest of the message.
+        let frame = self.link.read().map_err(|e| match e {
+            Error::PeerClosed { offset, mid_frame } => Error::PeerClosed {
+                offset,
+                mid_frame: mid_frame || self.unfinished(),
+            },
+            e => e,
+        })?;
         match frame.kind {
             FrameType::CLOSE => {
                 return Err(Error::PeerClosed {
                     offset: self.link.framed.bytes_read(),
-                    mid_frame: self.receiver.mid_message() || !self.sender.idle(),
+                    mid_frame: self.unfinished(),
                 })
             }
             FrameType::PING => {
