@@ -74,6 +74,8 @@ pub struct Prepared {
     offs: Vec<u32>,
     feats: Vec<u64>,
     with_features: bool,
+    /// xxh3 of the items one after the other: the frame's content hash.
+    content: u64,
 }
 
 impl Prepared {
@@ -84,6 +86,7 @@ impl Prepared {
         self.offs.clear();
         self.feats.clear();
         self.with_features = false;
+        self.content = 0;
     }
 
     fn features(&self, unit: usize) -> Option<&[u64]> {
@@ -171,7 +174,9 @@ impl Encoder {
 
     fn prepare_into(&mut self, items: &[&[u8]], features: bool, p: &mut Prepared) {
         p.clear();
+        let mut content = Xxh3::new();
         for item in items {
+            content.update(item);
             let before = p.lens.len();
             p.lens
                 .extend(chunks(self.chunker.as_ref(), item).map(|u| u.len() as u32));
@@ -189,6 +194,7 @@ impl Encoder {
             }
         }
         p.with_features = features;
+        p.content = content.digest();
     }
 
     /// Encodes `items` as one frame appended to `out`, with the work of [`Encoder::prepare`]
@@ -226,11 +232,9 @@ impl Encoder {
         let first_new = self.window.next_id();
         self.ops.clear();
         self.payload.clear();
-        let mut content = Xxh3::new();
         varint::put(&mut self.ops, items.len() as u64);
         let mut u = 0;
         for (item, &count) in items.iter().zip(&prepared.counts) {
-            content.update(item);
             varint::put(&mut self.ops, count as u64);
             let mut at = 0;
             for _ in 0..count {
@@ -247,11 +251,7 @@ impl Encoder {
             self.window
                 .own_if_sparse(first_new, (**owner).as_ref().len());
         }
-        self.body.clear();
-        varint::put(&mut self.body, self.ops.len() as u64);
-        self.body.extend_from_slice(&self.ops);
-        self.body.extend_from_slice(&self.payload);
-        self.write_frame(content.digest(), out);
+        self.write_frame(prepared.content, out);
     }
 
     fn features(&self, unit: &[u8]) -> Vec<u64> {
@@ -262,28 +262,46 @@ impl Encoder {
         }
     }
 
+    /// Appends the frame of the encoded `ops` and `payload`. Uncompressed, they go straight
+    /// into `out`, without first being joined into one body.
     fn write_frame(&mut self, content_hash: u64, out: &mut Vec<u8>) {
-        let compressed;
-        let (method, stored) = match self.config.compression {
-            Compression::None => (Compression::None, &self.body[..]),
+        let mut ops_len = Vec::with_capacity(10);
+        varint::put(&mut ops_len, self.ops.len() as u64);
+        let body_len = ops_len.len() + self.ops.len() + self.payload.len();
+        let start = out.len();
+        let header = |out: &mut Vec<u8>, stored_len: usize, method: Compression| {
+            out.push(FRAME);
+            varint::put(out, body_len as u64);
+            varint::put(out, stored_len as u64);
+            out.push(method.tag());
+            out.extend_from_slice(&content_hash.to_le_bytes());
+        };
+        let compressed = match self.config.compression {
+            Compression::None => None,
             method => {
-                compressed = self.compressor.compress(&self.body);
-                if compressed.len() >= self.body.len() {
-                    (Compression::None, &self.body[..])
-                } else {
-                    (method, &compressed[..])
-                }
+                self.body.clear();
+                self.body.extend_from_slice(&ops_len);
+                self.body.extend_from_slice(&self.ops);
+                self.body.extend_from_slice(&self.payload);
+                let c = self.compressor.compress(&self.body);
+                (c.len() < body_len).then_some((method, c))
             }
         };
-        let start = out.len();
-        out.push(FRAME);
-        varint::put(out, self.body.len() as u64);
-        varint::put(out, stored.len() as u64);
-        out.push(method.tag());
-        out.extend_from_slice(&content_hash.to_le_bytes());
-        out.extend_from_slice(stored);
+        match compressed {
+            Some((method, c)) => {
+                header(out, c.len(), method);
+                out.extend_from_slice(&c);
+            }
+            None => {
+                header(out, body_len, Compression::None);
+                out.reserve(body_len);
+                out.extend_from_slice(&ops_len);
+                out.extend_from_slice(&self.ops);
+                out.extend_from_slice(&self.payload);
+            }
+        }
         self.stats.frames += 1;
-        self.stats.raw_bytes += self.body.len() as u64;
+        self.stats.raw_bytes += body_len as u64;
         self.stats.output_bytes += (out.len() - start) as u64;
     }
 
