@@ -1,6 +1,6 @@
 //! Chunking and hashing throughput: our FastCDC against the `fastcdc` crate (`v2020`) on the
 //! same buffer in the same run, beside memory bandwidth (`memcpy`), `cat FILE > /dev/null`,
-//! BLAKE3 and xxh3.
+//! BLAKE3, xxh3, and the super-features of 8 KiB chunks (Odess, the default).
 //!
 //! Input: `--input FILE`, or `--pkgs` (every file under `target/bench-data/pkgs`, made by
 //! `bench/fetch-data.sh`, concatenated in path order), else `--size-mib` MiB of deterministic
@@ -21,6 +21,7 @@ use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
 use dedupwire_engine::chunk::{chunks, size_label, FastCdc};
+use dedupwire_engine::similarity::SuperFeatureConfig;
 use fastcdc::v2020::{FastCDC, Normalization};
 use serde_json::json;
 
@@ -69,6 +70,8 @@ enum Work {
     Blake3,
     Xxh3_64,
     Xxh3_128,
+    /// Super-features of every chunk of the given cuts (chunk lengths).
+    Features(Vec<usize>),
 }
 
 struct Row {
@@ -107,7 +110,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         Some(p)
     };
 
-    let mut rows = build_rows(cat_path.is_some())?;
+    let mut rows = build_rows(cat_path.is_some(), &data)?;
     let mut dst = vec![0u8; data.len()]; // memcpy target, written once so that it is mapped
     dst.fill(1);
     for _ in 0..args.runs {
@@ -196,7 +199,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn build_rows(with_cat: bool) -> Result<Vec<Row>> {
+fn build_rows(with_cat: bool, data: &[u8]) -> Result<Vec<Row>> {
     let mut rows: Vec<Row> = Vec::new();
     let row = |name: String, work: Work, baseline: usize| Row {
         name,
@@ -242,6 +245,15 @@ fn build_rows(with_cat: bool) -> Result<Vec<Row>> {
     rows.push(row("blake3::hash".into(), Work::Blake3, crate_8k));
     rows.push(row("xxh3-64".into(), Work::Xxh3_64, crate_8k));
     rows.push(row("xxh3-128".into(), Work::Xxh3_128, crate_8k));
+    let (min, avg, max) = CDC_8K;
+    let cuts = chunks(&FastCdc::new(min, avg, max)?, data)
+        .map(|c| c.len())
+        .collect();
+    rows.push(row(
+        "super-features (Odess) of 8 KiB chunks".into(),
+        Work::Features(cuts),
+        crate_8k,
+    ));
     Ok(rows)
 }
 
@@ -285,6 +297,17 @@ fn measure(
         }
         Work::Xxh3_128 => {
             black_box(xxhash_rust::xxh3::xxh3_128(black_box(data)));
+            None
+        }
+        Work::Features(cuts) => {
+            let config = SuperFeatureConfig::default();
+            let mut out = Vec::new();
+            let mut at = 0;
+            for &len in cuts {
+                config.super_features_into(black_box(&data[at..at + len]), &mut out);
+                black_box(&out);
+                at += len;
+            }
             None
         }
     };

@@ -206,11 +206,67 @@ fn odess_sampled(bytes: &[u8], mut hash: u64, features: &mut [u64]) -> bool {
     sampled
 }
 
-/// [`odess_sampled`] over the whole chunk as two interleaved lanes (its halves), so the CPU
-/// overlaps the two hash chains. The hash shifts one bit per byte, so after 64 bytes it no
-/// longer depends on where it started: the second lane starts from zero 64 bytes before its
-/// half and samples exactly the positions one sequential scan would, and maxima do not depend
-/// on the order they are taken in.
+/// [`GEAR`] shifted left by 3, 2, 1 and 0 bits: four Gear steps become `(h << 4)` plus one
+/// table entry per byte, each partial sum being the hash after that byte shifted left by 3, 2,
+/// 1 and 0 (one addition per byte on the hash's dependency chain instead of two operations).
+static GEAR4: [[u64; 256]; 4] = {
+    let mut t = [[0u64; 256]; 4];
+    let mut i = 0;
+    while i < 256 {
+        t[0][i] = GEAR[i] << 3;
+        t[1][i] = GEAR[i] << 2;
+        t[2][i] = GEAR[i] << 1;
+        t[3][i] = GEAR[i];
+        i += 1;
+    }
+    t
+};
+
+/// Four Gear steps from `h` over `q`: the hash after them, and whether any of the four
+/// positions is sampled (the partial sums of [`GEAR4`] tested against the mask shifted alike;
+/// its top bit is 58, so the shifts lose none of its bits). One test and branch per byte, the
+/// branch almost never taken.
+#[inline(always)]
+fn odess_step4(h: u64, q: &[u8]) -> (u64, bool) {
+    const M: u64 = ODESS_SAMPLE_MASK;
+    let g = &GEAR4;
+    let x = (h << 4).wrapping_add(g[0][q[0] as usize]);
+    if x & (M << 3) == 0 {
+        return (0, true);
+    }
+    let x = x.wrapping_add(g[1][q[1] as usize]);
+    if x & (M << 2) == 0 {
+        return (0, true);
+    }
+    let x = x.wrapping_add(g[2][q[2] as usize]);
+    if x & (M << 1) == 0 {
+        return (0, true);
+    }
+    let x = x.wrapping_add(g[3][q[3] as usize]);
+    (x, x & M == 0)
+}
+
+/// A lane's four bytes `q` from hash `h` one at a time, taking every sampled position; the
+/// hash after them.
+#[cold]
+#[inline(never)]
+fn odess_replay4(h: u64, q: &[u8], features: &mut [u64]) -> u64 {
+    let mut h = h;
+    for &b in q {
+        h = (h << 1).wrapping_add(GEAR[b as usize]);
+        if h & ODESS_SAMPLE_MASK == 0 {
+            transform_max(h, features);
+        }
+    }
+    h
+}
+
+/// [`odess_sampled`] over the whole chunk as two interleaved lanes (its halves), four bytes
+/// per step, so the CPU overlaps the two hash chains. The hash shifts one bit per byte, so
+/// after 64 bytes it no longer depends on where it started: the second lane starts from zero
+/// 64 bytes before its half and samples exactly the positions one sequential scan would, and
+/// maxima do not depend on the order they are taken in. A lane's step with a sampled position
+/// is replayed byte by byte.
 fn odess_two_lanes(chunk: &[u8], features: &mut [u64]) -> bool {
     const WARM_UP: usize = 64;
     let mid = chunk.len() / 2;
@@ -221,19 +277,25 @@ fn odess_two_lanes(chunk: &[u8], features: &mut [u64]) -> bool {
         .fold(0u64, |h, &x| (h << 1).wrapping_add(GEAR[x as usize]));
     let mut ha = 0u64;
     let mut sampled = false;
-    for (&x, &y) in a.iter().zip(b) {
-        ha = (ha << 1).wrapping_add(GEAR[x as usize]);
-        hb = (hb << 1).wrapping_add(GEAR[y as usize]);
-        if (ha & ODESS_SAMPLE_MASK == 0) | (hb & ODESS_SAMPLE_MASK == 0) {
-            for h in [ha, hb] {
-                if h & ODESS_SAMPLE_MASK == 0 {
-                    sampled = true;
-                    transform_max(h, features);
-                }
+    let quads = mid / 4;
+    for (qa, qb) in a.chunks_exact(4).zip(b.chunks_exact(4)) {
+        ha = match odess_step4(ha, qa) {
+            (x, false) => x,
+            (_, true) => {
+                sampled = true;
+                odess_replay4(ha, qa, features)
             }
-        }
+        };
+        hb = match odess_step4(hb, qb) {
+            (x, false) => x,
+            (_, true) => {
+                sampled = true;
+                odess_replay4(hb, qb, features)
+            }
+        };
     }
-    odess_sampled(&b[a.len()..], hb, features) | sampled
+    sampled |= odess_sampled(&a[4 * quads..], ha, features);
+    odess_sampled(&b[4 * quads..], hb, features) | sampled
 }
 
 #[inline]
