@@ -262,7 +262,7 @@ fn scan_gear(
         return scan_seq(bytes, hash, at, min_level, out);
     }
     let gear = FastCdc::gear_table();
-    let limit = 1u64 << (64 - min_level);
+    let test = LevelTest::new(min_level);
     let mid = (bytes.len() / 2) & !3;
     let (a, b) = bytes.split_at(mid);
     let mut hb = a[mid - WARM_UP..]
@@ -273,8 +273,8 @@ fn scan_gear(
     let quads = mid / 4;
     for (k, (qa, qb)) in a.chunks_exact(4).zip(b.chunks_exact(4)).enumerate() {
         let pos = at + 4 * k as u64;
-        ha = step4(ha, qa, pos, limit, gear, out);
-        hb = step4(hb, qb, pos + mid as u64, limit, gear, lane2);
+        ha = step4(ha, qa, pos, &test, out);
+        hb = step4(hb, qb, pos + mid as u64, &test, lane2);
     }
     out.extend_from_slice(lane2);
     scan_seq(
@@ -286,48 +286,79 @@ fn scan_gear(
     )
 }
 
-/// Four Gear steps from `hash` over `q` (positions `pos`…`pos + 3`), recording candidates.
-#[inline(always)]
-fn step4(hash: u64, q: &[u8], pos: u64, limit: u64, gear: &[u64; 256], out: &mut Vec<u64>) -> u64 {
-    let h1 = (hash << 1).wrapping_add(gear[q[0] as usize]);
-    let h2 = (h1 << 1).wrapping_add(gear[q[1] as usize]);
-    let h3 = (h2 << 1).wrapping_add(gear[q[2] as usize]);
-    let h4 = (h3 << 1).wrapping_add(gear[q[3] as usize]);
-    let shift = 63 - TOP_BIT;
-    if ((h1 << shift) < limit)
-        | ((h2 << shift) < limit)
-        | ((h3 << shift) < limit)
-        | ((h4 << shift) < limit)
-    {
-        cold_push(pos, [h1, h2, h3, h4], limit, out);
-    }
-    h4
+/// "Level at least `min_level`" as a test of the hash's bits: the `min_level` bits from
+/// [`TOP_BIT`] down are zero. `masks[k]` is that mask shifted left by `3 - k` bits, to test
+/// the partial sums of [`FastCdc::gear4_table`] (its top bit is 60, so nothing is lost).
+struct LevelTest {
+    /// `(h << (63 - TOP_BIT)) < limit` is the same test on a plain hash.
+    limit: u64,
+    masks: [u64; 4],
 }
 
-#[cold]
-#[inline(never)]
-fn cold_push(pos: u64, hs: [u64; 4], limit: u64, out: &mut Vec<u64>) {
-    for (k, h) in hs.into_iter().enumerate() {
-        if (h << (63 - TOP_BIT)) < limit {
-            out.push((pos + k as u64 + 1) << 8 | level(h).min(255) as u64);
+impl LevelTest {
+    fn new(min_level: u32) -> LevelTest {
+        let mask = ((1u64 << min_level) - 1) << (TOP_BIT + 1 - min_level);
+        LevelTest {
+            limit: 1u64 << (64 - min_level),
+            masks: [mask << 3, mask << 2, mask << 1, mask],
         }
     }
+}
+
+/// Four Gear steps from `hash` over `q` (positions `pos`…`pos + 3`), recording candidates:
+/// one addition, test and branch per byte (see [`FastCdc::gear4_table`]); a step with a
+/// candidate is replayed byte by byte.
+#[inline(always)]
+fn step4(hash: u64, q: &[u8], pos: u64, test: &LevelTest, out: &mut Vec<u64>) -> u64 {
+    let g = FastCdc::gear4_table();
+    let m = &test.masks;
+    let x = (hash << 4).wrapping_add(g[0][q[0] as usize]);
+    if x & m[0] == 0 {
+        return replay4(hash, q, pos, test.limit, out);
+    }
+    let x = x.wrapping_add(g[1][q[1] as usize]);
+    if x & m[1] == 0 {
+        return replay4(hash, q, pos, test.limit, out);
+    }
+    let x = x.wrapping_add(g[2][q[2] as usize]);
+    if x & m[2] == 0 {
+        return replay4(hash, q, pos, test.limit, out);
+    }
+    let x = x.wrapping_add(g[3][q[3] as usize]);
+    if x & m[3] == 0 {
+        return replay4(hash, q, pos, test.limit, out);
+    }
+    x
+}
+
+/// [`step4`] one byte at a time, recording every candidate; the hash after the four bytes.
+#[cold]
+#[inline(never)]
+fn replay4(mut hash: u64, q: &[u8], pos: u64, limit: u64, out: &mut Vec<u64>) -> u64 {
+    let gear = FastCdc::gear_table();
+    for (k, &b) in q.iter().enumerate() {
+        hash = (hash << 1).wrapping_add(gear[b as usize]);
+        if (hash << (63 - TOP_BIT)) < limit {
+            out.push((pos + k as u64 + 1) << 8 | level(hash).min(255) as u64);
+        }
+    }
+    hash
 }
 
 /// [`scan_gear`] one byte after the other.
 fn scan_seq(bytes: &[u8], mut hash: u64, at: u64, min_level: u32, out: &mut Vec<u64>) -> u64 {
     let gear = FastCdc::gear_table();
-    let limit = 1u64 << (64 - min_level);
+    let test = LevelTest::new(min_level);
     let mut quads = bytes.chunks_exact(4);
     let mut pos = at;
     for q in &mut quads {
-        hash = step4(hash, q, pos, limit, gear, out);
+        hash = step4(hash, q, pos, &test, out);
         pos += 4;
     }
     for &b in quads.remainder() {
         hash = (hash << 1).wrapping_add(gear[b as usize]);
         pos += 1;
-        if (hash << (63 - TOP_BIT)) < limit {
+        if (hash << (63 - TOP_BIT)) < test.limit {
             out.push(pos << 8 | level(hash).min(255) as u64);
         }
     }
@@ -418,6 +449,25 @@ mod tests {
                 assert_eq!((h1, &one), (h2, &two), "len {len}");
                 assert!(one.len() >= len >> (min_level + 2), "{}", one.len());
             }
+        }
+    }
+
+    #[test]
+    fn the_scan_records_every_position_of_high_enough_level() {
+        let mut bytes = data(200_003, 5);
+        bytes[50_000..60_000].fill(0);
+        let gear = FastCdc::gear_table();
+        for min_level in [1, 6, 8, 11, 20] {
+            let (mut h, mut naive) = (3u64, Vec::new());
+            for (i, &b) in bytes.iter().enumerate() {
+                h = (h << 1).wrapping_add(gear[b as usize]);
+                if level(h) >= min_level {
+                    naive.push((7 + i as u64 + 1) << 8 | level(h).min(255) as u64);
+                }
+            }
+            let (mut out, mut scratch) = (Vec::new(), Vec::new());
+            let end = scan_gear(&bytes, 3, 7, min_level, &mut out, &mut scratch);
+            assert_eq!((end, &out), (h, &naive), "min_level {min_level}");
         }
     }
 

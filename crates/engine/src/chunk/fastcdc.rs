@@ -240,6 +240,12 @@ impl FastCdc {
         &GEAR
     }
 
+    /// The Gear table shifted left by 3, 2, 1 and 0 bits, for scans that roll four bytes per
+    /// step with one addition per byte (see [`FastCdc::gear_table`]).
+    pub fn gear4_table() -> &'static [[u64; 256]; 4] {
+        &GEAR4
+    }
+
     /// The cut, computed by the fast path: two lanes where a range is long enough, else
     /// sequential, four bytes per step either way.
     fn cut_fast(&self, data: &[u8]) -> usize {
