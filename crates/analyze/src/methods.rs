@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::mpsc::{sync_channel, SyncSender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use dedupwire_engine::chunk::{size_label, ChunkerSpec};
@@ -25,7 +25,7 @@ use crate::cpu::charge;
 use crate::id_set::IdSet;
 use crate::input::{Batch, ItemKind, BATCH_BYTES};
 use crate::memo::Memo;
-use crate::multi_cut::MultiCut;
+use crate::multi_cut::{Cursor, MultiCut, Scanned};
 use crate::AnalyzeError;
 
 /// Bytes a chunk reference costs in a recipe or on the wire (tag + chunk number + length).
@@ -690,6 +690,8 @@ struct SizeState {
     local: ExactScope,
     global: Option<ExactScope>,
     cpu: f64,
+    /// This size's chunks in the current batch: stream start, end, id.
+    spans: Vec<(u64, u64, u64)>,
 }
 
 /// Exact dedup at one or more chunk sizes of one family, cut in one pass.
@@ -701,8 +703,6 @@ struct ExactRunner {
     /// CPU shared by all sizes (the Gear pass), split evenly at the end.
     shared_cpu: f64,
     input_bytes: u64,
-    /// One size's chunks in the current batch: stream start, end, id.
-    spans: Vec<(u64, u64, u64)>,
     /// With fixed sizes that are all multiples of the smallest: its index and size, and its
     /// recent chunks (stream start, id), from which the larger sizes' ids are made.
     blocks: Option<(usize, u64, Blocks)>,
@@ -740,13 +740,13 @@ impl ExactRunner {
                     // Forked from the local scope when the first image ends.
                     global: None,
                     cpu: 0.0,
+                    spans: Vec::new(),
                 })
                 .collect(),
             opts: opts.clone(),
             image: None,
             shared_cpu: 0.0,
             input_bytes: 0,
-            spans: Vec::new(),
             blocks: block_size(specs).map(|(i, s)| (i, s, VecDeque::new())),
         })
     }
@@ -786,25 +786,26 @@ fn id_from_blocks(blocks: &Blocks, start: u64, n: usize, buf: &mut Vec<u8>) -> u
     xxhash_rust::xxh3::xxh3_64(buf)
 }
 
-/// Adds the chunks `mc` cuts from `data` for size `i`: first all their ids, then each chunk
-/// while the index slots of those a few places ahead are fetched. With `blocks` (the ids of
-/// the smallest fixed size's recent chunks and that size), full chunks take their id from
-/// them.
+/// Adds the chunks of size `i` (at `cursor`) that `scanned` decides in `data`: first all their
+/// ids, then each chunk while the index slots of those a few places ahead are fetched. With
+/// `blocks` (the ids of the smallest fixed size's recent chunks and that size), full chunks
+/// take their id from them.
 fn add_chunks(
-    mc: &mut MultiCut,
+    scanned: &Scanned,
     i: usize,
+    cursor: &mut Cursor,
     data: &[u8],
     size: &mut SizeState,
-    spans: &mut Vec<(u64, u64, u64)>,
     blocks: Option<(&Blocks, u64)>,
 ) {
+    let spans = &mut size.spans;
     spans.clear();
     let full = match size.spec {
         ChunkerSpec::Fixed { size } => size as u64,
         _ => 0,
     };
     let mut buf = Vec::new();
-    mc.cut(i, data, |start, end, c| {
+    scanned.cut(i, cursor, data, |start, end, c| {
         let id = match blocks {
             Some((blocks, b)) if end - start == full => {
                 id_from_blocks(blocks, start, (full / b) as usize, &mut buf)
@@ -813,6 +814,7 @@ fn add_chunks(
         };
         spans.push((start, end, id))
     });
+    let mut joined = Vec::new();
     for k in 0..spans.len() {
         if let Some(&(_, _, ahead)) = spans.get(k + PREFETCH_AHEAD) {
             size.local.index.prefetch(ahead);
@@ -821,12 +823,28 @@ fn add_chunks(
             }
         }
         let (start, end, id) = spans[k];
-        let chunk = mc.bytes(data, start, end);
+        let chunk = scanned.bytes(&mut joined, data, start, end);
         size.local.add(id, chunk);
         if let Some(g) = size.global.as_mut() {
             g.add(id, chunk);
         }
     }
+}
+
+/// [`add_chunks`] for one size, its CPU time added to the size's.
+fn add_chunks_charged(
+    scanned: &Scanned,
+    i: usize,
+    cursor: &mut Cursor,
+    data: &[u8],
+    size: &mut SizeState,
+    blocks: Option<(&Blocks, u64)>,
+) {
+    let mut cpu = 0.0;
+    charge(&mut cpu, || {
+        add_chunks(scanned, i, cursor, data, size, blocks)
+    });
+    size.cpu += cpu;
 }
 
 fn scope_result(
@@ -915,28 +933,45 @@ impl Runner for ExactRunner {
             }
             Cutter::Multi(mc) => {
                 charge(&mut self.shared_cpu, || mc.scan(batch));
+                let data = &batch.data[..];
+                let (scanned, cursors) = mc.split();
                 let base = self.blocks.as_ref().map(|b| b.0);
-                let order = base
-                    .into_iter()
-                    .chain((0..self.sizes.len()).filter(|&i| Some(i) != base));
-                for i in order {
-                    let size = &mut self.sizes[i];
-                    let mut cpu = 0.0;
-                    let spans = &mut self.spans;
-                    let blocks = match &self.blocks {
-                        Some((b, s, blocks)) if *b != i => Some((blocks, *s)),
-                        _ => None,
-                    };
-                    charge(&mut cpu, || {
-                        add_chunks(mc, i, &batch.data, size, spans, blocks)
-                    });
-                    if let Some((b, _, blocks)) = &mut self.blocks {
-                        if *b == i {
-                            blocks.extend(self.spans.iter().map(|&(s, _, id)| (s, id)));
+                if let Some((b, _, blocks)) = &mut self.blocks {
+                    let size = &mut self.sizes[*b];
+                    add_chunks_charged(&scanned, *b, &mut cursors[*b], data, size, None);
+                    blocks.extend(size.spans.iter().map(|&(s, _, id)| (s, id)));
+                }
+                let blocks = self.blocks.as_ref().map(|(_, s, blocks)| (blocks, *s));
+                // Each size cuts, hashes, indexes and compresses on its own: on their own
+                // threads, the sizes use every core. A size whose thread cannot be started
+                // runs on this one.
+                let slots: Vec<_> = self
+                    .sizes
+                    .iter_mut()
+                    .zip(cursors.iter_mut())
+                    .enumerate()
+                    .filter(|&(i, _)| Some(i) != base)
+                    .map(|(i, work)| Mutex::new(Some((i, work))))
+                    .collect();
+                let run = |slot: &Mutex<Option<(usize, (&mut SizeState, &mut Cursor))>>| {
+                    let work = slot.lock().expect("no panics while held").take();
+                    if let Some((i, (size, cursor))) = work {
+                        add_chunks_charged(&scanned, i, cursor, data, size, blocks);
+                    }
+                };
+                std::thread::scope(|scope| {
+                    let run = &run;
+                    for slot in slots.iter().skip(1) {
+                        let started =
+                            std::thread::Builder::new().spawn_scoped(scope, move || run(slot));
+                        if started.is_err() {
+                            run(slot);
                         }
                     }
-                    size.cpu += cpu;
-                }
+                    if let Some(slot) = slots.first() {
+                        run(slot);
+                    }
+                });
                 if let Some((_, _, blocks)) = &mut self.blocks {
                     let keep_from = mc.pending_start();
                     let drop = blocks.partition_point(|&(s, _)| s < keep_from);

@@ -57,10 +57,8 @@ pub struct MultiCut {
     cands: Vec<u64>,
     /// Item ends (exclusive stream positions), sorted: forced cuts.
     ends: Vec<u64>,
-    /// Per size: where its pending chunk starts.
-    starts: Vec<u64>,
-    /// Scratch for chunks that span the carry and the batch.
-    joined: Vec<u8>,
+    /// Per size: where its pending chunk starts, and its scratch.
+    cursors: Vec<Cursor>,
     /// Scratch for the second lane's candidates.
     lane2: Vec<u64>,
 }
@@ -94,7 +92,7 @@ impl MultiCut {
             })
             .min();
         Ok(MultiCut {
-            starts: vec![0; cuts.len()],
+            cursors: vec![Cursor::default(); cuts.len()],
             cuts,
             min_level,
             hash: 0,
@@ -104,15 +102,13 @@ impl MultiCut {
             carry_base: 0,
             cands: Vec::new(),
             ends: Vec::new(),
-            joined: Vec::new(),
             lane2: Vec::new(),
         })
     }
 
-    /// Scans the next batch: records its candidate cuts and item ends. Call [`cut`] for every
-    /// size and then [`end_batch`] before the next one.
+    /// Scans the next batch: records its candidate cuts and item ends. Cut every size
+    /// ([`MultiCut::split`], then [`Scanned::cut`]) and call [`end_batch`] before the next one.
     ///
-    /// [`cut`]: MultiCut::cut
     /// [`end_batch`]: MultiCut::end_batch
     pub fn scan(&mut self, batch: &Batch) {
         self.batch_base = self.scanned;
@@ -138,76 +134,34 @@ impl MultiCut {
 
     /// Emits every chunk of size `i` that the data scanned so far decides: its stream
     /// positions (start, end) and bytes.
-    pub fn cut(&mut self, i: usize, data: &[u8], mut f: impl FnMut(u64, u64, &[u8])) {
-        let cut = self.cuts[i];
-        let mut start = self.starts[i];
-        let mut ci = self.cands.partition_point(|&c| (c >> 8) <= start);
-        let mut ei = self.ends.partition_point(|&e| e <= start);
-        loop {
-            let item_end = self.ends.get(ei).copied();
-            let end = match cut {
-                Cut::Fixed(size) => start + size,
-                Cut::Cdc {
-                    min,
-                    avg,
-                    max,
-                    bits_s,
-                    bits_l,
-                } => {
-                    let mut found = None;
-                    // No cut before `min`: skip those candidates without testing each.
-                    ci = skip_before(&self.cands, ci, start + min);
-                    while let Some(&c) = self.cands.get(ci) {
-                        let (e, lv) = (c >> 8, (c & 0xff) as u32);
-                        if e > start + max {
-                            break;
-                        }
-                        if e - start >= min && lv >= if e - start < avg { bits_s } else { bits_l } {
-                            found = Some(e);
-                            break;
-                        }
-                        ci += 1;
-                    }
-                    found.unwrap_or(start + max)
-                }
-            };
-            let end = item_end.map_or(end, |ie| end.min(ie));
-            if end > self.scanned {
-                break;
-            }
-            if end > start {
-                f(start, end, self.bytes(data, start, end));
-            }
-            if item_end == Some(end) {
-                ei += 1;
-            }
-            start = end;
-            while self.cands.get(ci).is_some_and(|&c| (c >> 8) <= start) {
-                ci += 1;
-            }
-        }
-        self.starts[i] = start;
+    #[cfg(test)]
+    pub fn cut(&mut self, i: usize, data: &[u8], f: impl FnMut(u64, u64, &[u8])) {
+        let (scanned, cursors) = self.split();
+        scanned.cut(i, &mut cursors[i], data, f);
     }
 
-    /// The bytes from stream position `start` to `end` of a chunk [`MultiCut::cut`] emitted
-    /// for `data`, the batch being cut.
-    pub fn bytes<'a>(&'a mut self, data: &'a [u8], start: u64, end: u64) -> &'a [u8] {
-        let base = self.batch_base;
-        if start >= base {
-            &data[(start - base) as usize..(end - base) as usize]
-        } else {
-            self.joined.clear();
-            self.joined
-                .extend_from_slice(&self.carry[(start - self.carry_base) as usize..]);
-            self.joined
-                .extend_from_slice(&data[..(end.max(base) - base) as usize]);
-            &self.joined
-        }
+    /// The scanned batch, which every size cuts on its own, and the sizes' cursors: sizes can
+    /// then be cut in parallel.
+    pub fn split(&mut self) -> (Scanned<'_>, &mut [Cursor]) {
+        let scanned = Scanned {
+            cuts: &self.cuts,
+            cands: &self.cands,
+            ends: &self.ends,
+            carry: &self.carry,
+            carry_base: self.carry_base,
+            batch_base: self.batch_base,
+            scanned: self.scanned,
+        };
+        (scanned, &mut self.cursors)
     }
 
     /// The stream position where the earliest pending chunk of any size starts.
     pub fn pending_start(&self) -> u64 {
-        self.starts.iter().copied().min().unwrap_or(self.scanned)
+        self.cursors
+            .iter()
+            .map(|c| c.start)
+            .min()
+            .unwrap_or(self.scanned)
     }
 
     /// Keeps what pending chunks need from `data` (the batch just cut) and forgets the rest.
@@ -227,6 +181,106 @@ impl MultiCut {
         self.cands.drain(..c);
         let e = self.ends.partition_point(|&e| e <= keep_from);
         self.ends.drain(..e);
+    }
+}
+
+/// One size's place in the stream: where its pending chunk starts, and scratch for chunks
+/// that span the carry and the batch.
+#[derive(Debug, Clone, Default)]
+pub struct Cursor {
+    start: u64,
+    joined: Vec<u8>,
+}
+
+/// The batch [`MultiCut::scan`] scanned, with the candidates and carry every size cuts from.
+pub struct Scanned<'a> {
+    cuts: &'a [Cut],
+    cands: &'a [u64],
+    ends: &'a [u64],
+    carry: &'a [u8],
+    carry_base: u64,
+    batch_base: u64,
+    scanned: u64,
+}
+
+impl Scanned<'_> {
+    /// Emits every chunk of size `i` (whose cursor is `cursor`) that the data scanned so far
+    /// decides: its stream positions (start, end) and bytes.
+    pub fn cut(
+        &self,
+        i: usize,
+        cursor: &mut Cursor,
+        data: &[u8],
+        mut f: impl FnMut(u64, u64, &[u8]),
+    ) {
+        let cut = self.cuts[i];
+        let mut start = cursor.start;
+        let mut ci = self.cands.partition_point(|&c| (c >> 8) <= start);
+        let mut ei = self.ends.partition_point(|&e| e <= start);
+        loop {
+            let item_end = self.ends.get(ei).copied();
+            let end = match cut {
+                Cut::Fixed(size) => start + size,
+                Cut::Cdc {
+                    min,
+                    avg,
+                    max,
+                    bits_s,
+                    bits_l,
+                } => {
+                    let mut found = None;
+                    // No cut before `min`: skip those candidates without testing each.
+                    ci = skip_before(self.cands, ci, start + min);
+                    while let Some(&c) = self.cands.get(ci) {
+                        let (e, lv) = (c >> 8, (c & 0xff) as u32);
+                        if e > start + max {
+                            break;
+                        }
+                        if e - start >= min && lv >= if e - start < avg { bits_s } else { bits_l } {
+                            found = Some(e);
+                            break;
+                        }
+                        ci += 1;
+                    }
+                    found.unwrap_or(start + max)
+                }
+            };
+            let end = item_end.map_or(end, |ie| end.min(ie));
+            if end > self.scanned {
+                break;
+            }
+            if end > start {
+                f(start, end, self.bytes(&mut cursor.joined, data, start, end));
+            }
+            if item_end == Some(end) {
+                ei += 1;
+            }
+            start = end;
+            while self.cands.get(ci).is_some_and(|&c| (c >> 8) <= start) {
+                ci += 1;
+            }
+        }
+        cursor.start = start;
+    }
+
+    /// The bytes from stream position `start` to `end` of a chunk [`Scanned::cut`] emitted for
+    /// `data`, the batch being cut (joined in `joined` if it spans the carry).
+    pub fn bytes<'b>(
+        &'b self,
+        joined: &'b mut Vec<u8>,
+        data: &'b [u8],
+        start: u64,
+        end: u64,
+    ) -> &'b [u8] {
+        let base = self.batch_base;
+        if start >= base {
+            &data[(start - base) as usize..(end - base) as usize]
+        } else {
+            joined.clear();
+            joined.extend_from_slice(&self.carry[(start - self.carry_base) as usize..]);
+            joined.extend_from_slice(&data[..(end.max(base) - base) as usize]);
+            joined
+        }
     }
 }
 
