@@ -18,7 +18,9 @@ use dedupwire_engine::chunk::{size_label, ChunkerSpec};
 use dedupwire_engine::compress::{Compression, Compressor};
 use dedupwire_engine::exact_index::PassThrough;
 use dedupwire_engine::fingerprint::Fingerprinter;
-use dedupwire_engine::pipeline::{Encoder, PipelineConfig, Prepared, SharedBytes};
+use dedupwire_engine::pipeline::{
+    Encoder, PipelineConfig, Prepared, PreparedUnits, SharedBytes, UnitPrep,
+};
 use serde::Serialize;
 
 use crate::cpu::charge;
@@ -1157,6 +1159,62 @@ fn kind_slot(kind: ItemKind) -> usize {
     }
 }
 
+/// Bytes of units each thread of [`prepare_units`] takes at least.
+const UNITS_PER_THREAD: usize = if cfg!(test) { 16 << 10 } else { 1 << 20 };
+
+/// Fingerprints and features of `units`, in consecutive parts of at least
+/// [`UNITS_PER_THREAD`] bytes on their own threads (one part per core at most), with each
+/// part's CPU seconds. A part whose thread cannot be started runs on this one.
+fn prepare_units(prep: &UnitPrep, units: &[&[u8]]) -> Vec<(PreparedUnits, f64)> {
+    let total: usize = units.iter().map(|u| u.len()).sum();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let parts = (total / UNITS_PER_THREAD).clamp(1, cores);
+    let mut bounds = vec![0];
+    let mut acc = 0;
+    for (k, u) in units.iter().enumerate() {
+        acc += u.len();
+        if acc * parts >= total * bounds.len() && bounds.len() < parts {
+            bounds.push(k + 1);
+        }
+    }
+    bounds.push(units.len());
+    bounds.dedup();
+    let run = |range: (usize, usize)| {
+        let mut done = PreparedUnits::default();
+        let mut cpu = 0.0;
+        charge(&mut cpu, || {
+            prep.prepare(units[range.0..range.1].iter().copied(), &mut done)
+        });
+        (done, cpu)
+    };
+    let mut ranges: Vec<(usize, usize)> = bounds.windows(2).map(|w| (w[0], w[1])).collect();
+    if ranges.is_empty() {
+        ranges.push((0, 0));
+    }
+    std::thread::scope(|scope| {
+        let run = &run;
+        let handles: Vec<_> = ranges
+            .iter()
+            .skip(1)
+            .map(|&r| {
+                (
+                    r,
+                    std::thread::Builder::new().spawn_scoped(scope, move || run(r)),
+                )
+            })
+            .collect();
+        let mut out = vec![run(ranges[0])];
+        for (r, handle) in handles {
+            out.push(match handle.map(|h| h.join()) {
+                Ok(Ok(done)) => done,
+                // Not started (or a panic, which prepare does not raise): do it here.
+                _ => run(r),
+            });
+        }
+        out
+    })
+}
+
 impl SimilarityRunner {
     fn new(opts: &RunnerOptions) -> Result<Self, AnalyzeError> {
         Ok(SimilarityRunner {
@@ -1225,8 +1283,13 @@ impl Runner for SimilarityRunner {
         };
         let mut prepared = Prepared::default();
         charge(&mut prepare_cpu, || {
-            local.encoder.prepare(&items, &mut prepared)
+            local.encoder.prepare_cuts(&items, &mut prepared)
         });
+        let units = prepared.units(&items);
+        for (done, cpu) in prepare_units(&local.encoder.unit_prep(), &units) {
+            prepared.append_units(&done);
+            prepare_cpu += cpu;
+        }
         let prepared = Arc::new(prepared);
         let job = (
             slot,
@@ -1318,6 +1381,34 @@ mod tests {
             blake3_s_per_byte: |_| 0.0,
             memo: Memo::default(),
         }
+    }
+
+    #[test]
+    fn units_prepared_in_parts_encode_as_one_preparation_does() {
+        let mut base = noise(300_000, 9);
+        base.extend_from_within(..100_000);
+        let items: Vec<&[u8]> = vec![&base[..123_457], &base[123_457..], &[]];
+        let config = PipelineConfig::files();
+        let mut whole = Prepared::default();
+        Encoder::new(config).unwrap().prepare(&items, &mut whole);
+        let mut enc = Encoder::new(config).unwrap();
+        let mut parts = Prepared::default();
+        enc.prepare_cuts(&items, &mut parts);
+        let units = parts.units(&items);
+        let done = prepare_units(&enc.unit_prep(), &units);
+        assert!(done.len() > 1 || std::thread::available_parallelism().unwrap().get() == 1);
+        for (d, _) in &done {
+            parts.append_units(d);
+        }
+        let encode = |p: &Prepared| {
+            let mut out = Vec::new();
+            let mut e = Encoder::new(config).unwrap();
+            e.encode_prepared(&items, p, &mut out);
+            (out, e.stats())
+        };
+        let (a, b) = (encode(&whole), encode(&parts));
+        assert_eq!(a, b);
+        assert!(a.1.deltas + a.1.refs > 0, "{:?}", a.1);
     }
 
     fn run(spec: ChunkerSpec, items: &[Vec<u8>]) -> Vec<Measured> {

@@ -97,6 +97,29 @@ impl Prepared {
         Some(&self.feats[start..self.offs[unit] as usize])
     }
 
+    /// The units these cuts make of `items`, in order.
+    pub fn units<'a>(&self, items: &[&'a [u8]]) -> Vec<&'a [u8]> {
+        let mut out = Vec::with_capacity(self.lens.len());
+        let mut lens = self.lens.iter();
+        for (item, &count) in items.iter().zip(&self.counts) {
+            let mut at = 0;
+            for &len in lens.by_ref().take(count as usize) {
+                out.push(&item[at..at + len as usize]);
+                at += len as usize;
+            }
+        }
+        out
+    }
+
+    /// Appends the fingerprints and features of the units that follow those already here.
+    pub fn append_units(&mut self, units: &PreparedUnits) {
+        let base = self.feats.len() as u32;
+        self.fps.extend_from_slice(&units.fps);
+        self.offs.extend(units.offs.iter().map(|&o| base + o));
+        self.feats.extend_from_slice(&units.feats);
+        self.with_features = true;
+    }
+
     /// Whether these cuts add up to `items`.
     fn describes(&self, items: &[&[u8]]) -> bool {
         if self.counts.len() != items.len() {
@@ -114,6 +137,44 @@ impl Prepared {
             u = end;
         }
         u == self.lens.len() && self.fps.len() == u && (!self.with_features || self.offs.len() == u)
+    }
+}
+
+/// Fingerprints and similarity features of units, computed apart from any encoder (see
+/// [`Encoder::unit_prep`]): an analysis shares a batch's units between threads.
+#[derive(Clone)]
+pub struct UnitPrep {
+    fingerprinter: Fingerprinter,
+    similarity: Similarity,
+}
+
+impl UnitPrep {
+    /// Appends the fingerprint and features of each of `units` to `out`.
+    pub fn prepare<'a>(&self, units: impl IntoIterator<Item = &'a [u8]>, out: &mut PreparedUnits) {
+        for unit in units {
+            out.fps.push(self.fingerprinter.fingerprint(unit));
+            out.feats
+                .extend_from_slice(&features_of(self.similarity, unit));
+            out.offs.push(out.feats.len() as u32);
+        }
+    }
+}
+
+/// What [`UnitPrep::prepare`] computed for a run of consecutive units.
+#[derive(Debug, Default, Clone)]
+pub struct PreparedUnits {
+    fps: Vec<Fingerprint>,
+    /// End offsets in `feats` of each unit's features.
+    offs: Vec<u32>,
+    feats: Vec<u64>,
+}
+
+/// The similarity features of `unit` under `similarity`.
+fn features_of(similarity: Similarity, unit: &[u8]) -> Vec<u64> {
+    match similarity {
+        Similarity::None => Vec::new(),
+        Similarity::Sketch(c) => c.sketch(unit),
+        Similarity::SuperFeatures(c) => c.super_features(unit),
     }
 }
 
@@ -172,7 +233,10 @@ impl Encoder {
         self.prepare_into(items, true, prepared);
     }
 
-    fn prepare_into(&mut self, items: &[&[u8]], features: bool, p: &mut Prepared) {
+    /// The serial part of [`Encoder::prepare`]: the cuts and the content hash. Complete it with
+    /// [`UnitPrep::prepare`] over [`Prepared::units`] (in parts, on any threads) and
+    /// [`Prepared::append_units`] in order.
+    pub fn prepare_cuts(&mut self, items: &[&[u8]], p: &mut Prepared) {
         p.clear();
         let mut content = Xxh3::new();
         for item in items {
@@ -181,20 +245,29 @@ impl Encoder {
             p.lens
                 .extend(chunks(self.chunker.as_ref(), item).map(|u| u.len() as u32));
             p.counts.push((p.lens.len() - before) as u32);
-            let mut at = 0;
-            for i in before..p.lens.len() {
-                let unit = &item[at..at + p.lens[i] as usize];
-                at += unit.len();
-                p.fps.push(self.fingerprinter.fingerprint(unit));
-                if features {
-                    let f = self.features(unit);
-                    p.feats.extend_from_slice(&f);
-                    p.offs.push(p.feats.len() as u32);
-                }
-            }
         }
-        p.with_features = features;
         p.content = content.digest();
+    }
+
+    /// The per-unit part of [`Encoder::prepare`], which needs no encoder state.
+    pub fn unit_prep(&self) -> UnitPrep {
+        UnitPrep {
+            fingerprinter: self.fingerprinter.clone(),
+            similarity: self.config.similarity,
+        }
+    }
+
+    fn prepare_into(&mut self, items: &[&[u8]], features: bool, p: &mut Prepared) {
+        self.prepare_cuts(items, p);
+        let units = p.units(items);
+        if features {
+            let mut done = PreparedUnits::default();
+            self.unit_prep().prepare(units, &mut done);
+            p.append_units(&done);
+        } else {
+            let fp = &self.fingerprinter;
+            p.fps.extend(units.iter().map(|u| fp.fingerprint(u)));
+        }
     }
 
     /// Encodes `items` as one frame appended to `out`, with the work of [`Encoder::prepare`]
@@ -255,11 +328,7 @@ impl Encoder {
     }
 
     fn features(&self, unit: &[u8]) -> Vec<u64> {
-        match self.config.similarity {
-            Similarity::None => Vec::new(),
-            Similarity::Sketch(c) => c.sketch(unit),
-            Similarity::SuperFeatures(c) => c.super_features(unit),
-        }
+        features_of(self.config.similarity, unit)
     }
 
     /// Appends the frame of the encoded `ops` and `payload`. Uncompressed, they go straight

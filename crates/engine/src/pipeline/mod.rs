@@ -20,7 +20,7 @@ mod format;
 mod window;
 
 pub use self::decoder::Decoder;
-pub use self::encoder::{EncodeStats, Encoder, Prepared};
+pub use self::encoder::{EncodeStats, Encoder, Prepared, PreparedUnits, UnitPrep};
 pub use self::window::SharedBytes;
 
 use serde::{Deserialize, Serialize};
