@@ -791,7 +791,7 @@ fn id_from_blocks(blocks: &Blocks, start: u64, n: usize, buf: &mut Vec<u8>) -> u
 /// Adds the chunks of size `i` (at `cursor`) that `scanned` decides in `data`: first all their
 /// ids, then each chunk while the index slots of those a few places ahead are fetched. With
 /// `blocks` (the ids of the smallest fixed size's recent chunks and that size), full chunks
-/// take their id from them.
+/// take their id from them. The thread's CPU time is added to the size's.
 fn add_chunks(
     scanned: &Scanned,
     i: usize,
@@ -800,6 +800,7 @@ fn add_chunks(
     size: &mut SizeState,
     blocks: Option<(&Blocks, u64)>,
 ) {
+    let t0 = crate::cpu::thread_cpu_seconds();
     let spans = &mut size.spans;
     spans.clear();
     let full = match size.spec {
@@ -831,22 +832,7 @@ fn add_chunks(
             g.add(id, chunk);
         }
     }
-}
-
-/// [`add_chunks`] for one size, its CPU time added to the size's.
-fn add_chunks_charged(
-    scanned: &Scanned,
-    i: usize,
-    cursor: &mut Cursor,
-    data: &[u8],
-    size: &mut SizeState,
-    blocks: Option<(&Blocks, u64)>,
-) {
-    let mut cpu = 0.0;
-    charge(&mut cpu, || {
-        add_chunks(scanned, i, cursor, data, size, blocks)
-    });
-    size.cpu += cpu;
+    size.cpu += crate::cpu::thread_cpu_seconds() - t0;
 }
 
 fn scope_result(
@@ -940,7 +926,7 @@ impl Runner for ExactRunner {
                 let base = self.blocks.as_ref().map(|b| b.0);
                 if let Some((b, _, blocks)) = &mut self.blocks {
                     let size = &mut self.sizes[*b];
-                    add_chunks_charged(&scanned, *b, &mut cursors[*b], data, size, None);
+                    add_chunks(&scanned, *b, &mut cursors[*b], data, size, None);
                     blocks.extend(size.spans.iter().map(|&(s, _, id)| (s, id)));
                 }
                 let blocks = self.blocks.as_ref().map(|(_, s, blocks)| (blocks, *s));
@@ -958,7 +944,7 @@ impl Runner for ExactRunner {
                 let run = |slot: &Mutex<Option<(usize, (&mut SizeState, &mut Cursor))>>| {
                     let work = slot.lock().expect("no panics while held").take();
                     if let Some((i, (size, cursor))) = work {
-                        add_chunks_charged(&scanned, i, cursor, data, size, blocks);
+                        add_chunks(&scanned, i, cursor, data, size, blocks);
                     }
                 };
                 std::thread::scope(|scope| {

@@ -113,18 +113,23 @@ const GEAR: [u64; 256] = [
 ];
 
 /// [`GEAR`] shifted left by 3, 2, 1 and 0 bits, for rolling four bytes per step.
-static GEAR4: [[u64; 256]; 4] = {
+static GEAR4: [[u64; 256]; 4] = shifted4(&GEAR);
+
+/// A Gear table shifted left by 3, 2, 1 and 0 bits: four Gear steps from `h` become `h << 4`
+/// plus one entry per byte, each partial sum being the hash after that byte shifted left by
+/// 3, 2, 1 and 0.
+pub(crate) const fn shifted4(gear: &[u64; 256]) -> [[u64; 256]; 4] {
     let mut t = [[0u64; 256]; 4];
     let mut i = 0;
     while i < 256 {
-        t[0][i] = GEAR[i] << 3;
-        t[1][i] = GEAR[i] << 2;
-        t[2][i] = GEAR[i] << 1;
-        t[3][i] = GEAR[i];
+        t[0][i] = gear[i] << 3;
+        t[1][i] = gear[i] << 2;
+        t[2][i] = gear[i] << 1;
+        t[3][i] = gear[i];
         i += 1;
     }
     t
-};
+}
 
 /// Normalization level: `MaskS` has `log2(avg) + NC` bits, `MaskL` has `log2(avg) - NC`.
 const NC: u32 = 2;

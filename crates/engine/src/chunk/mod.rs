@@ -9,6 +9,7 @@ mod fastcdc;
 mod fixed;
 mod stream;
 
+pub(crate) use self::fastcdc::shifted4;
 pub use self::fastcdc::FastCdc;
 pub use self::fixed::{Fixed, Whole};
 pub use self::stream::StreamChunker;

@@ -206,21 +206,9 @@ fn odess_sampled(bytes: &[u8], mut hash: u64, features: &mut [u64]) -> bool {
     sampled
 }
 
-/// [`GEAR`] shifted left by 3, 2, 1 and 0 bits: four Gear steps become `(h << 4)` plus one
-/// table entry per byte, each partial sum being the hash after that byte shifted left by 3, 2,
-/// 1 and 0 (one addition per byte on the hash's dependency chain instead of two operations).
-static GEAR4: [[u64; 256]; 4] = {
-    let mut t = [[0u64; 256]; 4];
-    let mut i = 0;
-    while i < 256 {
-        t[0][i] = GEAR[i] << 3;
-        t[1][i] = GEAR[i] << 2;
-        t[2][i] = GEAR[i] << 1;
-        t[3][i] = GEAR[i];
-        i += 1;
-    }
-    t
-};
+/// [`GEAR`] shifted left by 3, 2, 1 and 0 bits: one addition per byte on the hash's
+/// dependency chain instead of a shift and an addition (see [`crate::chunk::shifted4`]).
+static GEAR4: [[u64; 256]; 4] = crate::chunk::shifted4(&GEAR);
 
 /// Four Gear steps from `h` over `q`: the hash after them, and whether any of the four
 /// positions is sampled (the partial sums of [`GEAR4`] tested against the mask shifted alike;
