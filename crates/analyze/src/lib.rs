@@ -19,6 +19,7 @@ pub mod input;
 mod memo;
 pub mod methods;
 mod multi_cut;
+mod parallel;
 pub mod recommend;
 pub mod report;
 

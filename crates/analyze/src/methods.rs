@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::mpsc::{sync_channel, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use dedupwire_engine::chunk::{size_label, ChunkerSpec};
@@ -320,8 +320,8 @@ fn proxy_slices(at: usize, data: &[u8], out: &mut Vec<u8>) {
 /// Compresses a stream in 4 MiB batches: the first [`crate::FULL_RESIDUAL_BATCHES`] in full,
 /// then one batch in `every`, and estimates the rest with a **ratio estimator**: every batch
 /// also has a cheap proxy (eight 4 KiB slices spread over it, compressed together at a fast
-/// level, 1/128 of the bytes), and the unsampled batches' output is their proxy times the sampled batches' ratio of
-/// output to proxy. Data whose compressibility swings from batch to batch (binaries, text,
+/// level, 1/128 of the bytes), and the unsampled batches' output is their proxy times the
+/// sampled batches' ratio of output to proxy. Data whose compressibility swings from batch to batch (binaries, text,
 /// zeros in a disk image) then costs little accuracy. Bytes of unsampled batches are never
 /// copied except for the proxy slices.
 ///
@@ -817,7 +817,6 @@ fn add_chunks(
         };
         spans.push((start, end, id))
     });
-    let mut joined = Vec::new();
     for k in 0..spans.len() {
         if let Some(&(_, _, ahead)) = spans.get(k + PREFETCH_AHEAD) {
             size.local.index.prefetch(ahead);
@@ -826,7 +825,7 @@ fn add_chunks(
             }
         }
         let (start, end, id) = spans[k];
-        let chunk = scanned.bytes(&mut joined, data, start, end);
+        let chunk = scanned.bytes(cursor.joined(), data, start, end);
         size.local.add(id, chunk);
         if let Some(g) = size.global.as_mut() {
             g.add(id, chunk);
@@ -931,35 +930,19 @@ impl Runner for ExactRunner {
                 }
                 let blocks = self.blocks.as_ref().map(|(_, s, blocks)| (blocks, *s));
                 // Each size cuts, hashes, indexes and compresses on its own: on their own
-                // threads, the sizes use every core. A size whose thread cannot be started
-                // runs on this one.
-                let slots: Vec<_> = self
+                // threads, the sizes use every core.
+                let scanned = &scanned;
+                let jobs: Vec<_> = self
                     .sizes
                     .iter_mut()
                     .zip(cursors.iter_mut())
                     .enumerate()
                     .filter(|&(i, _)| Some(i) != base)
-                    .map(|(i, work)| Mutex::new(Some((i, work))))
+                    .map(|(i, (size, cursor))| {
+                        move || add_chunks(scanned, i, cursor, data, size, blocks)
+                    })
                     .collect();
-                let run = |slot: &Mutex<Option<(usize, (&mut SizeState, &mut Cursor))>>| {
-                    let work = slot.lock().expect("no panics while held").take();
-                    if let Some((i, (size, cursor))) = work {
-                        add_chunks(&scanned, i, cursor, data, size, blocks);
-                    }
-                };
-                std::thread::scope(|scope| {
-                    let run = &run;
-                    for slot in slots.iter().skip(1) {
-                        let started =
-                            std::thread::Builder::new().spawn_scoped(scope, move || run(slot));
-                        if started.is_err() {
-                            run(slot);
-                        }
-                    }
-                    if let Some(slot) = slots.first() {
-                        run(slot);
-                    }
-                });
+                crate::parallel::run_all(jobs);
                 if let Some((_, _, blocks)) = &mut self.blocks {
                     let keep_from = mc.pending_start();
                     let drop = blocks.partition_point(|&(s, _)| s < keep_from);
@@ -1150,7 +1133,7 @@ const UNITS_PER_THREAD: usize = if cfg!(test) { 16 << 10 } else { 1 << 20 };
 
 /// Fingerprints and features of `units`, in consecutive parts of at least
 /// [`UNITS_PER_THREAD`] bytes on their own threads (one part per core at most), with each
-/// part's CPU seconds. A part whose thread cannot be started runs on this one.
+/// part's CPU seconds.
 fn prepare_units(prep: &UnitPrep, units: &[&[u8]]) -> Vec<(PreparedUnits, f64)> {
     let total: usize = units.iter().map(|u| u.len()).sum();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -1165,40 +1148,23 @@ fn prepare_units(prep: &UnitPrep, units: &[&[u8]]) -> Vec<(PreparedUnits, f64)> 
     }
     bounds.push(units.len());
     bounds.dedup();
-    let run = |range: (usize, usize)| {
-        let mut done = PreparedUnits::default();
-        let mut cpu = 0.0;
-        charge(&mut cpu, || {
-            prep.prepare(units[range.0..range.1].iter().copied(), &mut done)
-        });
-        (done, cpu)
-    };
-    let mut ranges: Vec<(usize, usize)> = bounds.windows(2).map(|w| (w[0], w[1])).collect();
-    if ranges.is_empty() {
-        ranges.push((0, 0));
+    if bounds.len() == 1 {
+        // No units: one empty part, so the preparation still says it has features.
+        bounds.push(0);
     }
-    std::thread::scope(|scope| {
-        let run = &run;
-        let handles: Vec<_> = ranges
-            .iter()
-            .skip(1)
-            .map(|&r| {
-                (
-                    r,
-                    std::thread::Builder::new().spawn_scoped(scope, move || run(r)),
-                )
-            })
-            .collect();
-        let mut out = vec![run(ranges[0])];
-        for (r, handle) in handles {
-            out.push(match handle.map(|h| h.join()) {
-                Ok(Ok(done)) => done,
-                // Not started (or a panic, which prepare does not raise): do it here.
-                _ => run(r),
-            });
-        }
-        out
-    })
+    let jobs: Vec<_> = bounds
+        .windows(2)
+        .map(|w| {
+            let part = &units[w[0]..w[1]];
+            move || {
+                let mut done = PreparedUnits::default();
+                let mut cpu = 0.0;
+                charge(&mut cpu, || prep.prepare(part.iter().copied(), &mut done));
+                (done, cpu)
+            }
+        })
+        .collect();
+    crate::parallel::run_all(jobs)
 }
 
 impl SimilarityRunner {

@@ -192,6 +192,13 @@ pub struct Cursor {
     joined: Vec<u8>,
 }
 
+impl Cursor {
+    /// Scratch for [`Scanned::bytes`].
+    pub fn joined(&mut self) -> &mut Vec<u8> {
+        &mut self.joined
+    }
+}
+
 /// The batch [`MultiCut::scan`] scanned, with the candidates and carry every size cuts from.
 pub struct Scanned<'a> {
     cuts: &'a [Cut],

@@ -327,10 +327,6 @@ impl Encoder {
         self.write_frame(prepared.content, out);
     }
 
-    fn features(&self, unit: &[u8]) -> Vec<u64> {
-        features_of(self.config.similarity, unit)
-    }
-
     /// Appends the frame of the encoded `ops` and `payload`. Uncompressed, they go straight
     /// into `out`, without first being joined into one body.
     fn write_frame(&mut self, content_hash: u64, out: &mut Vec<u8>) {
@@ -400,7 +396,7 @@ impl Encoder {
         let features = match features {
             Some(f) => f,
             None => {
-                computed = self.features(unit);
+                computed = features_of(self.config.similarity, unit);
                 &computed[..]
             }
         };
