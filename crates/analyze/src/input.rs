@@ -54,6 +54,9 @@ pub struct Batch {
     pub image: usize,
     /// Kind of the items.
     pub kind: ItemKind,
+    /// Number of the batch in the whole input, from 0: every compressed stream samples the
+    /// same batches.
+    pub seq: u64,
     /// The bytes.
     pub data: Vec<u8>,
     /// The pieces, in order.
@@ -119,10 +122,16 @@ pub fn scan(paths: &[PathBuf]) -> Result<Vec<Image>, AnalyzeError> {
 pub fn read_batches(images: Vec<Image>) -> Receiver<Result<Batch, AnalyzeError>> {
     let (tx, rx) = sync_channel(2);
     std::thread::spawn(move || {
+        let mut seq = 0;
+        let mut send = |mut b: Batch| {
+            b.seq = seq;
+            seq += 1;
+            tx.send(Ok(b)).is_ok()
+        };
         for (i, image) in images.iter().enumerate() {
             let result = match image.kind {
-                ItemKind::File => read_files(i, image, &mut |b| tx.send(Ok(b)).is_ok()),
-                ItemKind::Document => read_documents(i, image, &mut |b| tx.send(Ok(b)).is_ok()),
+                ItemKind::File => read_files(i, image, &mut send),
+                ItemKind::Document => read_documents(i, image, &mut send),
             };
             if let Err(e) = result {
                 let _ = tx.send(Err(e));
@@ -137,6 +146,7 @@ fn new_batch(image: usize, kind: ItemKind) -> Batch {
     Batch {
         image,
         kind,
+        seq: 0,
         data: Vec::with_capacity(BATCH_BYTES),
         pieces: Vec::new(),
     }
@@ -257,6 +267,9 @@ pub(crate) fn test_batches(items: &[Vec<u8>], batch: usize) -> Vec<Batch> {
     }
     if !cur.pieces.is_empty() {
         out.push(cur);
+    }
+    for (seq, b) in out.iter_mut().enumerate() {
+        b.seq = seq as u64;
     }
     out
 }

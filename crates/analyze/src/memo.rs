@@ -1,9 +1,10 @@
 //! Compressed sizes shared between streams.
 //!
-//! Several compressed streams often hold the very same batch: an exact method that has found
-//! no duplicate yet holds its input unchanged, as compression alone does, and a large chunk
-//! size may find none in a whole image. Batches are sampled at the same places in every stream,
-//! so such streams ask for the same compressions. The memo answers the second request with the
+//! Several compressed streams often hold the very same batch: every stream has one batch per
+//! input batch, and an exact method that removed nothing from an input batch (a large chunk
+//! size may find no duplicate in a whole image) holds its bytes unchanged, as compression
+//! alone does. Every stream samples the same input batches, so such streams ask for the same
+//! compressions. The memo answers the second request with the
 //! first one's size and CPU time, so every method is still charged what it would pay alone.
 
 use std::collections::HashMap;
@@ -31,6 +32,12 @@ impl fmt::Debug for Memo {
 }
 
 impl Memo {
+    /// Compressions remembered.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.0.lock().expect("no panics while held").len()
+    }
+
     /// Compresses `data` with `c` (into `scratch`) unless it was compressed before, adds the
     /// CPU seconds the compression took to `cpu`, and returns the compressed length.
     pub fn compress(

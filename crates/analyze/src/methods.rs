@@ -276,7 +276,7 @@ impl CompressRunner {
 
 impl Runner for CompressRunner {
     fn feed(&mut self, batch: &Arc<Batch>) {
-        self.stream.push(&batch.data);
+        self.stream.push_batch(&batch.data, batch.seq);
     }
 
     fn finish(mut self: Box<Self>) -> Vec<Measured> {
@@ -317,13 +317,21 @@ fn proxy_slices(at: usize, data: &[u8], out: &mut Vec<u8>) {
     }
 }
 
-/// Compresses a stream in 4 MiB batches: the first [`crate::FULL_RESIDUAL_BATCHES`] in full,
-/// then one batch in `every`, and estimates the rest with a **ratio estimator**: every batch
-/// also has a cheap proxy (eight 4 KiB slices spread over it, compressed together at a fast
-/// level, 1/128 of the bytes), and the unsampled batches' output is their proxy times the
-/// sampled batches' ratio of output to proxy. Data whose compressibility swings from batch to batch (binaries, text,
-/// zeros in a disk image) then costs little accuracy. Bytes of unsampled batches are never
-/// copied except for the proxy slices.
+/// Compresses a stream in batches: the first [`crate::FULL_RESIDUAL_BATCHES`] in full, then
+/// one batch in `every`, and estimates the rest with a **ratio estimator**: every batch also
+/// has a cheap proxy (eight 4 KiB slices spread over it, compressed together at a fast level,
+/// 1/128 of a 4 MiB batch), and the unsampled batches' output is their proxy times the sampled
+/// batches' ratio of output to proxy. Data whose compressibility swings from batch to batch
+/// (binaries, text, zeros in a disk image) then costs little accuracy. Bytes of unsampled
+/// batches are never copied except for the proxy slices.
+///
+/// A method's stream has **one batch per input batch**: what the method emits for those 4 MiB
+/// of input (its unique chunks' bytes there, or its frame), as the pipeline compresses one
+/// frame per batch of items. Which batches are sampled then depends only on the input batch's
+/// number, so every stream samples the same input, and a stream that removed nothing from a
+/// batch holds the input's very bytes there: the [`Memo`] compresses them once for all such
+/// streams. ([`Residual::push`] instead cuts a stream of its own, such as one huge item, into
+/// 4 MiB batches.)
 ///
 /// (One proxy shared by all streams, the first 4 KiB of every 64 KiB of input compressed
 /// alone, was tried: it saved a few percent of the CPU (within the noise of a loaded machine)
@@ -339,7 +347,14 @@ struct Residual {
     scratch: Vec<u8>,
     /// Raw bytes in the current batch.
     cur: usize,
+    /// Batches ended so far: the current batch's number in a stream that cuts its own.
     batches: u64,
+    /// With batches that follow the input: the current batch's input batch number, and where
+    /// later input batches start (stream position, number) that bytes may still come before.
+    seq: Option<u64>,
+    bounds: VecDeque<(u64, u64)>,
+    /// Stream position after the bytes [`Residual::push_batch`] added.
+    written: u64,
     every: u64,
     /// Bytes in and out of the batches compressed in full.
     full: (u64, u64),
@@ -377,6 +392,9 @@ impl Residual {
             scratch: Vec::new(),
             cur: 0,
             batches: 0,
+            seq: None,
+            bounds: VecDeque::new(),
+            written: 0,
             every: every.max(1),
             full: (0, 0),
             tail_proxy: 0.0,
@@ -401,6 +419,9 @@ impl Residual {
             scratch: Vec::new(),
             cur: self.cur,
             batches: self.batches,
+            seq: self.seq,
+            bounds: self.bounds.clone(),
+            written: self.written,
             every: self.every,
             full: self.full,
             tail_proxy: self.tail_proxy,
@@ -419,31 +440,103 @@ impl Residual {
         self.cpu_full + self.cpu_tail + self.cpu_proxy + self.extra.2
     }
 
+    /// The current batch's number: its input batch's, or its own in a stream cut by size.
+    fn number(&self) -> u64 {
+        self.seq.unwrap_or(self.batches)
+    }
+
     fn in_tail(&self) -> bool {
-        self.batches >= crate::FULL_RESIDUAL_BATCHES
+        self.number() >= crate::FULL_RESIDUAL_BATCHES
     }
 
     /// Whether the current batch will be compressed in full.
     fn sampling(&self) -> bool {
-        !self.in_tail() || self.tail_batches % self.every == 0
+        let n = self.number();
+        n < crate::FULL_RESIDUAL_BATCHES || (n - crate::FULL_RESIDUAL_BATCHES) % self.every == 0
     }
 
+    /// Adds `data` to the current batch.
+    fn take(&mut self, data: &[u8]) {
+        if self.sampling() {
+            self.buf.extend_from_slice(data);
+        } else if self.every > 1 {
+            proxy_slices(self.cur, data, &mut self.proxy);
+        }
+        self.cur += data.len();
+    }
+
+    /// Appends `data` to a stream cut into 4 MiB batches of its own.
     fn push(&mut self, mut data: &[u8]) {
+        debug_assert!(
+            self.seq.is_none(),
+            "a stream follows the input or cuts its own batches"
+        );
         while !data.is_empty() {
             let take = data.len().min(BATCH_BYTES - self.cur);
-            if self.sampling() {
-                self.buf.extend_from_slice(&data[..take]);
-            } else if self.every > 1 {
-                proxy_slices(self.cur, &data[..take], &mut self.proxy);
-            }
-            self.cur += take;
+            self.take(&data[..take]);
             data = &data[take..];
             if self.cur >= BATCH_BYTES {
                 self.flush();
+                self.batches += 1;
             }
         }
     }
 
+    /// Says that input batch `seq` starts at stream position `at`: bytes before `at` belong to
+    /// the batch before it.
+    fn begin(&mut self, at: u64, seq: u64) {
+        self.bounds.push_back((at, seq));
+    }
+
+    /// Adds the bytes at stream position `at`, splitting them where input batches start.
+    /// Positions only grow; what lies between added bytes was removed by the method.
+    fn push_at(&mut self, at: u64, mut data: &[u8]) {
+        let end = at + data.len() as u64;
+        let mut p = at;
+        while let Some(&(b, seq)) = self.bounds.front() {
+            if b >= end {
+                break;
+            }
+            if b > p {
+                let (before, after) = data.split_at((b - p) as usize);
+                self.take(before);
+                data = after;
+                p = b;
+            }
+            self.next_batch(seq);
+        }
+        self.take(data);
+    }
+
+    /// Says that nothing more will come before stream position `at`: the batches that end
+    /// there or before are complete.
+    fn settle(&mut self, at: u64) {
+        while let Some(&(b, seq)) = self.bounds.front() {
+            if b > at {
+                break;
+            }
+            self.next_batch(seq);
+        }
+    }
+
+    /// Adds all of input batch `seq`'s output, `data`.
+    fn push_batch(&mut self, data: &[u8], seq: u64) {
+        let at = self.written;
+        self.begin(at, seq);
+        self.push_at(at, data);
+        self.written += data.len() as u64;
+        self.settle(self.written);
+    }
+
+    /// Ends the current batch; the next is input batch `seq`'s.
+    fn next_batch(&mut self, seq: u64) {
+        self.bounds.pop_front();
+        self.flush();
+        self.batches += 1;
+        self.seq = Some(seq);
+    }
+
+    /// Compresses (or estimates) the current batch, if it holds anything.
     fn flush(&mut self) {
         if self.cur == 0 {
             return;
@@ -455,7 +548,7 @@ impl Residual {
             self.full.0 += raw;
             self.full.1 += out;
         } else {
-            let sampled = self.tail_batches % self.every == 0;
+            let sampled = self.sampling();
             if sampled && self.every > 1 {
                 proxy_slices(0, &self.buf, &mut self.proxy);
             }
@@ -475,7 +568,6 @@ impl Residual {
             }
             self.tail_batches += 1;
         }
-        self.batches += 1;
         self.cur = 0;
         self.buf.clear();
         self.proxy.clear();
@@ -562,13 +654,14 @@ impl ExactScope {
         }
     }
 
-    fn add(&mut self, id: u64, chunk: &[u8]) {
+    /// Adds the chunk at stream position `at`.
+    fn add(&mut self, id: u64, at: u64, chunk: &[u8]) {
         self.chunks += 1;
         if self.sample == 1 {
-            self.insert(id, chunk);
+            self.insert(id, at, chunk);
         } else if id % self.sample == 0 {
             let t0 = crate::cpu::thread_cpu_seconds();
-            self.insert(id, chunk);
+            self.insert(id, at, chunk);
             self.sampled_cpu += crate::cpu::thread_cpu_seconds() - t0;
         }
     }
@@ -586,13 +679,13 @@ impl ExactScope {
         }
     }
 
-    fn insert(&mut self, id: u64, chunk: &[u8]) {
+    fn insert(&mut self, id: u64, at: u64, chunk: &[u8]) {
         if self.index.insert(id) {
             self.unique_bytes += chunk.len() as u64;
             if self.sample > 1 {
                 *self.contrib.entry(id).or_default() += chunk.len() as f64;
             }
-            self.residual.push(chunk);
+            self.residual.push_at(at, chunk);
         }
     }
 
@@ -638,6 +731,9 @@ const WHOLE_BUFFER: usize = if cfg!(test) { 1 << 20 } else { 64 << 20 };
 /// its own, to be counted only if the item turns out to be new.
 struct WholeItem {
     hasher: xxhash_rust::xxh3::Xxh3,
+    /// Stream position after the bytes pushed so far.
+    pos: u64,
+    /// Bytes of the current item so far.
     len: u64,
     buf: Vec<u8>,
     big: Option<Residual>,
@@ -650,6 +746,7 @@ impl WholeItem {
     fn push(&mut self, data: &[u8], item_end: bool, size: &mut SizeState) {
         self.hasher.update(data);
         self.len += data.len() as u64;
+        self.pos += data.len() as u64;
         match &mut self.big {
             Some(big) => big.push(data),
             None if self.buf.len() + data.len() > WHOLE_BUFFER => {
@@ -674,9 +771,10 @@ impl WholeItem {
                 }
             }
             None => {
-                size.local.add(id, &self.buf);
+                let at = self.pos - self.len;
+                size.local.add(id, at, &self.buf);
                 if let Some(g) = size.global.as_mut() {
-                    g.add(id, &self.buf);
+                    g.add(id, at, &self.buf);
                 }
             }
         }
@@ -694,6 +792,24 @@ struct SizeState {
     cpu: f64,
     /// This size's chunks in the current batch: stream start, end, id.
     spans: Vec<(u64, u64, u64)>,
+}
+
+impl SizeState {
+    /// Says that input batch `seq` starts at stream position `at` (see [`Residual::begin`]).
+    fn begin(&mut self, at: u64, seq: u64) {
+        self.local.residual.begin(at, seq);
+        if let Some(g) = self.global.as_mut() {
+            g.residual.begin(at, seq);
+        }
+    }
+
+    /// Says that every chunk before stream position `at` is added (see [`Residual::settle`]).
+    fn settle(&mut self, at: u64) {
+        self.local.residual.settle(at);
+        if let Some(g) = self.global.as_mut() {
+            g.residual.settle(at);
+        }
+    }
 }
 
 /// Exact dedup at one or more chunk sizes of one family, cut in one pass.
@@ -715,6 +831,7 @@ impl ExactRunner {
         let cutter = match specs {
             [ChunkerSpec::Whole] => Cutter::Whole(Box::new(WholeItem {
                 hasher: xxhash_rust::xxh3::Xxh3::new(),
+                pos: 0,
                 len: 0,
                 buf: Vec::new(),
                 big: None,
@@ -796,11 +913,12 @@ fn add_chunks(
     scanned: &Scanned,
     i: usize,
     cursor: &mut Cursor,
-    data: &[u8],
+    (data, seq): (&[u8], u64),
     size: &mut SizeState,
     blocks: Option<(&Blocks, u64)>,
 ) {
     let t0 = crate::cpu::thread_cpu_seconds();
+    size.begin(scanned.batch_start(), seq);
     let spans = &mut size.spans;
     spans.clear();
     let full = match size.spec {
@@ -826,11 +944,12 @@ fn add_chunks(
         }
         let (start, end, id) = spans[k];
         let chunk = scanned.bytes(cursor.joined(), data, start, end);
-        size.local.add(id, chunk);
+        size.local.add(id, start, chunk);
         if let Some(g) = size.global.as_mut() {
-            g.add(id, chunk);
+            g.add(id, start, chunk);
         }
     }
+    size.settle(cursor.pending_start());
     size.cpu += crate::cpu::thread_cpu_seconds() - t0;
 }
 
@@ -912,15 +1031,17 @@ impl Runner for ExactRunner {
                 let size = &mut self.sizes[0];
                 let mut cpu = 0.0;
                 charge(&mut cpu, || {
+                    size.begin(whole.pos, batch.seq);
                     for piece in &batch.pieces {
                         whole.push(batch.bytes(piece), piece.item_end, size);
                     }
+                    size.settle(whole.pos - whole.len);
                 });
                 size.cpu += cpu;
             }
             Cutter::Multi(mc) => {
                 charge(&mut self.shared_cpu, || mc.scan(batch));
-                let data = &batch.data[..];
+                let data = (&batch.data[..], batch.seq);
                 let (scanned, cursors) = mc.split();
                 let base = self.blocks.as_ref().map(|b| b.0);
                 if let Some((b, _, blocks)) = &mut self.blocks {
@@ -1026,7 +1147,7 @@ impl GlobalSim {
                 let owner: SharedBytes = batch.clone();
                 scopes[slot]
                     .get_or_insert_with(|| SimScope::new(config, every, on_top, &memo))
-                    .feed(&owner, &items, &prepared, prepare_cpu);
+                    .feed((&owner, batch.seq), &items, &prepared, prepare_cpu);
             }
             scopes
         });
@@ -1061,12 +1182,13 @@ impl SimScope {
         }
     }
 
-    /// Encodes `items`, which lie in `batch`, with their `prepared` cuts, fingerprints and
-    /// features; its cost `prepare_cpu` is charged to this scope too, as a deployment would
-    /// pay it. The encoder's window keeps parts of `batch` rather than copies.
+    /// Encodes `items`, which lie in `batch` (input batch number `seq`), with their
+    /// `prepared` cuts, fingerprints and features into one frame; its cost `prepare_cpu` is
+    /// charged to this scope too, as a deployment would pay it. The encoder's window keeps
+    /// parts of `batch` rather than copies.
     fn feed(
         &mut self,
-        batch: &SharedBytes,
+        (batch, seq): (&SharedBytes, u64),
         items: &[&[u8]],
         prepared: &Prepared,
         prepare_cpu: f64,
@@ -1077,7 +1199,7 @@ impl SimScope {
         charge(&mut self.cpu, || {
             enc.encode_prepared_from(batch, items, prepared, sink)
         });
-        self.residual.push(&self.sink);
+        self.residual.push_batch(&self.sink, seq);
         self.peak_index = self.peak_index.max(self.encoder.index_bytes());
     }
 
@@ -1230,7 +1352,12 @@ impl Runner for SimilarityRunner {
         let Some(global) = &self.global else {
             // One scope: the encoder cuts as it encodes (an empty preparation describes no
             // items) and computes features only for units it does not find whole.
-            local.feed(&owner, &items, &Prepared::default(), prepare_cpu);
+            local.feed(
+                (&owner, batch.seq),
+                &items,
+                &Prepared::default(),
+                prepare_cpu,
+            );
             return;
         };
         let mut prepared = Prepared::default();
@@ -1254,7 +1381,7 @@ impl Runner for SimilarityRunner {
             .tx
             .send(job)
             .expect("the global similarity scope runs until its sender is dropped");
-        local.feed(&owner, &items, &prepared, prepare_cpu);
+        local.feed((&owner, batch.seq), &items, &prepared, prepare_cpu);
     }
 
     fn finish(mut self: Box<Self>) -> Vec<Measured> {
@@ -1422,6 +1549,93 @@ mod tests {
     }
 
     #[test]
+    fn a_stream_follows_the_input_batches_across_chunks_that_span_them() {
+        let data = noise(12_000, 3);
+        // Input batches start at 0, 3 000 and 8 000; chunks (start, end, kept) span them.
+        let chunks: [(usize, usize, bool); 3] = [
+            (0, 2_500, true),
+            (2_500, 3_500, true),
+            (3_500, 4_000, false),
+        ];
+        let chunks = [&chunks[..], &[(4_000, 9_000, true), (9_000, 12_000, true)]].concat();
+        let mut r = Residual::new(1, Compression::Zstd(3), &Memo::default());
+        r.begin(0, 0);
+        r.begin(3_000, 1);
+        for &(s, e, kept) in &chunks[..2] {
+            assert!(kept);
+            r.push_at(s as u64, &data[s..e]);
+        }
+        r.settle(3_500);
+        r.begin(8_000, 2);
+        for &(s, e, kept) in &chunks[2..] {
+            if kept {
+                r.push_at(s as u64, &data[s..e]);
+            }
+        }
+        let (out, rel, _) = r.estimate();
+        let want: Vec<Vec<u8>> = vec![
+            data[..3_000].to_vec(),
+            [&data[3_000..3_500], &data[4_000..8_000]].concat(),
+            data[8_000..].to_vec(),
+        ];
+        let z = |b: &[u8]| Compression::Zstd(3).compress(b).len() as u64;
+        assert_eq!(out, want.iter().map(|b| z(b)).sum::<u64>());
+        assert_eq!((r.full.0, rel), (11_500, 0.0));
+    }
+
+    #[test]
+    fn a_method_that_removes_nothing_from_a_batch_shares_its_compression() {
+        // Compressible, never repeating: 128 KiB chunks are unique, except one copy in the
+        // second batch of one in the first.
+        let mut x = 7u64;
+        let mut data: Vec<u8> = (0..(15 * BATCH_BYTES))
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (x >> 60) as u8
+            })
+            .collect();
+        data.copy_within(..(128 << 10), BATCH_BYTES);
+        let items = [data];
+        let opts = RunnerOptions {
+            compress_every: 3,
+            ..opts()
+        };
+        let feed = |runners: &mut Vec<Box<dyn Runner>>| {
+            for batch in test_batches(&items, BATCH_BYTES) {
+                let batch = Arc::new(batch);
+                runners.iter_mut().for_each(|r| r.feed(&batch));
+            }
+            runners
+                .drain(..)
+                .flat_map(|r| r.finish())
+                .collect::<Vec<_>>()
+        };
+        let zstd = MethodSpec::Compress(Compression::Zstd(3));
+        let exact = MethodSpec::Exact(ChunkerSpec::Fixed { size: 128 << 10 });
+        let alone = feed(&mut runners(&[zstd], &opts).unwrap());
+        let entries = opts.memo.len();
+        let opts = RunnerOptions {
+            memo: Memo::default(),
+            ..opts
+        };
+        let both = feed(&mut runners(&[zstd, exact], &opts).unwrap());
+        // Only the second batch, which lost a chunk, is compressed again.
+        assert_eq!(opts.memo.len(), entries + 1);
+        let (z, e) = (&both[0], &both[3]);
+        assert_eq!(
+            (z.output_bytes, z.rel_error),
+            (alone[0].output_bytes, alone[0].rel_error)
+        );
+        assert_eq!(e.name, "exact-fixed-128KiB+zstd");
+        let refs = 15 * 32 * REF_BYTES;
+        let saved = (z.output_bytes + refs) as f64 - e.output_bytes as f64;
+        assert!(saved > 40_000.0 && saved < 80_000.0, "{saved}");
+        assert!(e.rel_error > 0.0 && (e.rel_error - z.rel_error).abs() < 0.01 * z.rel_error);
+    }
+
+    #[test]
     fn global_scope_forks_from_local_after_the_first_image() {
         let (a, b) = (noise(2 << 20, 5), noise(2 << 20, 6));
         let images = [vec![a.clone()], vec![a.clone(), b.clone()], vec![b.clone()]];
@@ -1430,9 +1644,11 @@ mod tests {
             ..opts()
         };
         let mut runner = ExactRunner::new(&[ChunkerSpec::cdc(4096)], &opts).unwrap();
+        let mut seq = 0;
         for (i, items) in images.iter().enumerate() {
             for mut batch in test_batches(items, 1 << 20) {
-                batch.image = i;
+                (batch.image, batch.seq) = (i, seq);
+                seq += 1;
                 runner.feed(&Arc::new(batch));
             }
         }

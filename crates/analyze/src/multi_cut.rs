@@ -193,6 +193,11 @@ pub struct Cursor {
 }
 
 impl Cursor {
+    /// Stream position where this size's pending chunk starts: everything before is cut.
+    pub fn pending_start(&self) -> u64 {
+        self.start
+    }
+
     /// Scratch for [`Scanned::bytes`].
     pub fn joined(&mut self) -> &mut Vec<u8> {
         &mut self.joined
@@ -211,6 +216,11 @@ pub struct Scanned<'a> {
 }
 
 impl Scanned<'_> {
+    /// Stream position where the batch starts.
+    pub fn batch_start(&self) -> u64 {
+        self.batch_base
+    }
+
     /// Emits every chunk of size `i` (whose cursor is `cursor`) that the data scanned so far
     /// decides: its stream positions (start, end) and bytes.
     pub fn cut(
