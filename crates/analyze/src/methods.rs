@@ -298,9 +298,11 @@ impl Runner for CompressRunner {
 }
 
 /// Slices of every unsampled batch compressed as a proxy for the whole batch.
-const PROXY_SLICES: usize = 8;
-/// Bytes per proxy slice: 8 × 4 KiB = 1/128 of a batch.
-const PROXY_SLICE: usize = 4 << 10;
+const PROXY_SLICES: usize = 32;
+/// Bytes per proxy slice: 32 × 2 KiB = 1/64 of a batch. (Eight 4 KiB slices, half the bytes,
+/// estimated the five Debian images' zstd stream with 5.3% rms error instead of 4.0%, over
+/// every start of the sampling; more, smaller slices of the same bytes tracked better too.)
+const PROXY_SLICE: usize = 2 << 10;
 
 /// Appends to `out` the parts of `data`, which starts at offset `at` of its batch, that fall in
 /// the batch's proxy slices.
@@ -319,8 +321,8 @@ fn proxy_slices(at: usize, data: &[u8], out: &mut Vec<u8>) {
 
 /// Compresses a stream in batches: the first [`crate::FULL_RESIDUAL_BATCHES`] in full, then
 /// one batch in `every`, and estimates the rest with a **ratio estimator**: every batch also
-/// has a cheap proxy (eight 4 KiB slices spread over it, compressed together at a fast level,
-/// 1/128 of a 4 MiB batch), and the unsampled batches' output is their proxy times the sampled
+/// has a cheap proxy (32 slices of 2 KiB spread over it, compressed together at a fast level,
+/// 1/64 of a 4 MiB batch), and the unsampled batches' output is their proxy times the sampled
 /// batches' ratio of output to proxy. Data whose compressibility swings from batch to batch
 /// (binaries, text, zeros in a disk image) then costs little accuracy. Bytes of unsampled
 /// batches are never copied except for the proxy slices.
