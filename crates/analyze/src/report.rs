@@ -116,7 +116,7 @@ pub(crate) fn build(
     }
     if compress_every > 1 {
         notes.push(format!(
-            "compression (alone and on top of dedup): each method compresses what it emits for every 4 MiB batch of input; what it emitted for the first {} batches was compressed, then for 1 batch in {compress_every} (the same batches for every method), and the rest extrapolated; rel_error is the relative standard error of that estimate", crate::FULL_RESIDUAL_BATCHES
+            "compression (alone and on top of dedup): each method compresses what it emits for every 4 MiB batch of input; what it emitted for 1 input batch in {compress_every} (the same batches for every method) was compressed, and the rest extrapolated with a proxy ratio estimator; rel_error is the relative standard error of that estimate"
         ));
     }
     Report {
