@@ -32,9 +32,9 @@ pub struct Args {
     /// Compression on top of dedup: zstd, zstd-LEVEL, lz4.
     #[arg(long, default_value = "zstd-3")]
     compression: String,
-    /// After the first 16 MiB of each compressed stream, compress 1 batch (4 MiB) in N and
-    /// extrapolate, stating the error; 1 compresses everything [default: everything up to
-    /// 512 MiB of input, then about 16 sampled batches per stream].
+    /// Compress what each method emits for 1 input batch (4 MiB) in N, the same for every
+    /// method, and extrapolate, stating the error; 1 compresses everything [default:
+    /// everything up to 512 MiB of input, then about 16 sampled batches].
     #[arg(long, value_name = "N")]
     sample: Option<u64>,
     /// Exact dedup indexes 1 chunk in N, chosen by content, and scales up, stating the error
