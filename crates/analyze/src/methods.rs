@@ -320,10 +320,10 @@ fn proxy_slices(at: usize, data: &[u8], out: &mut Vec<u8>) {
 }
 
 /// Compresses a stream in batches: one in `every` (the middle one of each run of `every`), and
-/// estimates the rest with a **ratio estimator**: every batch also
-/// has a cheap proxy (32 slices of 2 KiB spread over it, compressed together at a fast level,
-/// 1/64 of a 4 MiB batch), and the unsampled batches' output is their proxy times the sampled
-/// batches' ratio of output to proxy. Data whose compressibility swings from batch to batch
+/// estimates the rest with a **ratio estimator**: every batch also has a cheap proxy (32
+/// slices of 2 KiB spread over it, compressed together at a fast level, 1/64 of a 4 MiB
+/// batch), and the unsampled batches' output is their proxy times the sampled batches' ratio
+/// of output to proxy. Data whose compressibility swings from batch to batch
 /// (binaries, text, zeros in a disk image) then costs little accuracy. Bytes of unsampled
 /// batches are never copied except for the proxy slices.
 ///
@@ -367,17 +367,17 @@ struct Residual {
     written: u64,
     every: u64,
     /// Summed proxy estimates of all batches.
-    tail_proxy: f64,
+    proxy_sum: f64,
     /// (proxy estimate, real output) of the sampled batches.
     pairs: Vec<(f64, f64)>,
     /// Batches that held anything.
-    tail_batches: u64,
+    filled: u64,
     /// The first batch's bytes and proxy estimate while no batch has been sampled (filled
     /// while `keeping`).
     first: Vec<u8>,
     first_proxy: f64,
     keeping: bool,
-    cpu_tail: f64,
+    cpu_sampled: f64,
     cpu_proxy: f64,
     /// Estimates absorbed from other streams: bytes, variance, CPU seconds.
     extra: (f64, f64, f64),
@@ -409,13 +409,13 @@ impl Residual {
             bounds: VecDeque::new(),
             written: 0,
             every: every.max(1),
-            tail_proxy: 0.0,
+            proxy_sum: 0.0,
             pairs: Vec::new(),
-            tail_batches: 0,
+            filled: 0,
             first: Vec::new(),
             first_proxy: 0.0,
             keeping: true,
-            cpu_tail: 0.0,
+            cpu_sampled: 0.0,
             cpu_proxy: 0.0,
             extra: (0.0, 0.0, 0.0),
             memo: memo.clone(),
@@ -437,13 +437,13 @@ impl Residual {
             bounds: self.bounds.clone(),
             written: self.written,
             every: self.every,
-            tail_proxy: self.tail_proxy,
+            proxy_sum: self.proxy_sum,
             pairs: self.pairs.clone(),
-            tail_batches: self.tail_batches,
+            filled: self.filled,
             first: self.first.clone(),
             first_proxy: self.first_proxy,
             keeping: self.keeping,
-            cpu_tail: self.cpu_tail,
+            cpu_sampled: self.cpu_sampled,
             cpu_proxy: self.cpu_proxy,
             extra: self.extra,
             memo: self.memo.clone(),
@@ -452,7 +452,7 @@ impl Residual {
 
     /// CPU spent so far (on the sampled and proxy compression).
     fn cpu(&self) -> f64 {
-        self.cpu_tail + self.cpu_proxy + self.extra.2
+        self.cpu_sampled + self.cpu_proxy + self.extra.2
     }
 
     /// The current batch's number: its input batch's, or its own in a stream cut by size.
@@ -567,17 +567,17 @@ impl Residual {
         } else {
             0.0
         };
-        self.tail_proxy += proxy;
+        self.proxy_sum += proxy;
         if sampled {
             let (c, buf, scratch) = (&mut self.compressor, &self.buf, &mut self.scratch);
-            let out = self.memo.compress(c, buf, scratch, &mut self.cpu_tail) as u64;
+            let out = self.memo.compress(c, buf, scratch, &mut self.cpu_sampled) as u64;
             self.pairs.push((proxy, out as f64));
             self.first = Vec::new();
         } else if self.keeping {
             self.first_proxy = proxy;
         }
         self.keeping = false;
-        self.tail_batches += 1;
+        self.filled += 1;
         self.cur = 0;
         self.buf.clear();
         self.proxy.clear();
@@ -599,23 +599,23 @@ impl Residual {
             let (c, scratch) = (&mut self.compressor, &mut self.scratch);
             let out = self
                 .memo
-                .compress(c, &self.first, scratch, &mut self.cpu_tail);
+                .compress(c, &self.first, scratch, &mut self.cpu_sampled);
             self.pairs.push((self.first_proxy, out as f64));
             self.first = Vec::new();
         }
         let (xb, xvar, xcpu) = self.extra;
         let n = self.pairs.len() as f64;
-        let big_n = self.tail_batches as f64;
-        let (tail, tail_var, tail_cpu) = if n == big_n {
+        let big_n = self.filled as f64;
+        let (own, own_var, own_cpu) = if n == big_n {
             let y: f64 = self.pairs.iter().map(|p| p.1).sum();
-            (y, 0.0, self.cpu_tail)
+            (y, 0.0, self.cpu_sampled)
         } else {
             let (sx, sy) = self
                 .pairs
                 .iter()
                 .fold((0.0, 0.0), |(a, b), p| (a + p.0, b + p.1));
             let r = sy / sx.max(1.0);
-            let tail = r * self.tail_proxy;
+            let own = r * self.proxy_sum;
             let var = if n > 1.0 {
                 let sd2 = self
                     .pairs
@@ -626,16 +626,16 @@ impl Residual {
                 big_n * big_n * (1.0 - n / big_n).max(0.0) / n * sd2
             } else {
                 // One sample cannot show its own spread: assume the worst plausible, ±50%.
-                (0.5 * tail).powi(2)
+                (0.5 * own).powi(2)
             };
             let scale = big_n / n.max(1.0);
-            (tail, var, self.cpu_tail * scale)
+            (own, var, self.cpu_sampled * scale)
         };
-        let est = tail + xb;
+        let est = own + xb;
         (
             est.round() as u64,
-            (tail_var + xvar).sqrt() / est.max(1.0),
-            tail_cpu + xcpu,
+            (own_var + xvar).sqrt() / est.max(1.0),
+            own_cpu + xcpu,
         )
     }
 }
@@ -1598,7 +1598,7 @@ mod tests {
         ];
         let z = |b: &[u8]| Compression::Zstd(3).compress(b).len() as u64;
         assert_eq!(out, want.iter().map(|b| z(b)).sum::<u64>());
-        assert_eq!((r.tail_batches, rel), (3, 0.0));
+        assert_eq!((r.filled, rel), (3, 0.0));
     }
 
     #[test]
