@@ -4,8 +4,8 @@
 //! input batch, and an exact method that removed nothing from an input batch (a large chunk
 //! size may find no duplicate in a whole image) holds its bytes unchanged, as compression
 //! alone does. Every stream samples the same input batches, so such streams ask for the same
-//! compressions. The memo answers the second request with the
-//! first one's size and CPU time, so every method is still charged what it would pay alone.
+//! compressions. The memo answers the second request with the first one's size and CPU time,
+//! so every method is still charged what it would pay alone.
 
 use std::collections::HashMap;
 use std::fmt;
