@@ -373,10 +373,9 @@ struct Residual {
     /// Batches that held anything.
     filled: u64,
     /// The first batch's bytes and proxy estimate while no batch has been sampled (filled
-    /// while `keeping`).
+    /// while `filled` is 0).
     first: Vec<u8>,
     first_proxy: f64,
-    keeping: bool,
     cpu_sampled: f64,
     cpu_proxy: f64,
     /// Estimates absorbed from other streams: bytes, variance, CPU seconds.
@@ -414,7 +413,6 @@ impl Residual {
             filled: 0,
             first: Vec::new(),
             first_proxy: 0.0,
-            keeping: true,
             cpu_sampled: 0.0,
             cpu_proxy: 0.0,
             extra: (0.0, 0.0, 0.0),
@@ -442,7 +440,6 @@ impl Residual {
             filled: self.filled,
             first: self.first.clone(),
             first_proxy: self.first_proxy,
-            keeping: self.keeping,
             cpu_sampled: self.cpu_sampled,
             cpu_proxy: self.cpu_proxy,
             extra: self.extra,
@@ -471,7 +468,7 @@ impl Residual {
             self.buf.extend_from_slice(data);
         } else {
             proxy_slices(self.cur, data, &mut self.proxy);
-            if self.keeping {
+            if self.filled == 0 {
                 self.first.extend_from_slice(data);
             }
         }
@@ -573,10 +570,9 @@ impl Residual {
             let out = self.memo.compress(c, buf, scratch, &mut self.cpu_sampled) as u64;
             self.pairs.push((proxy, out as f64));
             self.first = Vec::new();
-        } else if self.keeping {
+        } else if self.filled == 0 {
             self.first_proxy = proxy;
         }
-        self.keeping = false;
         self.filled += 1;
         self.cur = 0;
         self.buf.clear();

@@ -402,7 +402,8 @@ fn step4(hash: u64, q: &[u8], pos: u64, test: &LevelTest, out: &mut Vec<u64>) ->
     x
 }
 
-/// [`step4`] one byte at a time, recording every candidate; the hash after the four bytes.
+/// [`step4`] one byte at a time (over four bytes, or fewer at the end), recording every
+/// candidate; the hash after them.
 #[cold]
 #[inline(never)]
 fn replay4(mut hash: u64, q: &[u8], pos: u64, limit: u64, out: &mut Vec<u64>) -> u64 {
@@ -418,7 +419,6 @@ fn replay4(mut hash: u64, q: &[u8], pos: u64, limit: u64, out: &mut Vec<u64>) ->
 
 /// [`scan_gear`] one byte after the other.
 fn scan_seq(bytes: &[u8], mut hash: u64, at: u64, min_level: u32, out: &mut Vec<u64>) -> u64 {
-    let gear = FastCdc::gear_table();
     let test = LevelTest::new(min_level);
     let mut quads = bytes.chunks_exact(4);
     let mut pos = at;
@@ -426,14 +426,7 @@ fn scan_seq(bytes: &[u8], mut hash: u64, at: u64, min_level: u32, out: &mut Vec<
         hash = step4(hash, q, pos, &test, out);
         pos += 4;
     }
-    for &b in quads.remainder() {
-        hash = (hash << 1).wrapping_add(gear[b as usize]);
-        pos += 1;
-        if (hash << (63 - TOP_BIT)) < test.limit {
-            out.push(pos << 8 | level(hash).min(255) as u64);
-        }
-    }
-    hash
+    replay4(hash, quads.remainder(), pos, test.limit, out)
 }
 
 #[cfg(test)]

@@ -98,7 +98,7 @@ fn analyzes_two_releases_and_writes_stable_json_and_html() {
 #[test]
 fn bad_input_gets_a_clear_error() {
     let tmp = tempdir();
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (
             &["analyze", "/no/such/path"],
             "/no/such/path: No such file or directory",
@@ -109,6 +109,10 @@ fn bad_input_gets_a_clear_error() {
         ),
         (&["analyze", "--methods", "cdc-3KiB", "."], "power of two"),
         (&["analyze", "--link", "fast", "."], "--link \"fast\""),
+        (
+            &["analyze", "--sample", "0", "."],
+            "--sample must be at least 1",
+        ),
     ];
     for (args, want) in cases {
         let out = dedupwire().current_dir(&tmp).args(args).output().unwrap();

@@ -194,7 +194,13 @@ const ODESS_TWO_LANES_FROM: usize = 256;
 
 /// Rolls the Gear hash over `bytes` from `hash`, taking the transforms' maxima at the sampled
 /// positions; returns whether any position was sampled.
-fn odess_sampled(bytes: &[u8], mut hash: u64, features: &mut [u64]) -> bool {
+fn odess_sampled(bytes: &[u8], hash: u64, features: &mut [u64]) -> bool {
+    odess_roll(bytes, hash, features).1
+}
+
+/// [`odess_sampled`], also returning the hash after `bytes`.
+#[inline]
+fn odess_roll(bytes: &[u8], mut hash: u64, features: &mut [u64]) -> (u64, bool) {
     let mut sampled = false;
     for &b in bytes {
         hash = (hash << 1).wrapping_add(GEAR[b as usize]);
@@ -203,7 +209,7 @@ fn odess_sampled(bytes: &[u8], mut hash: u64, features: &mut [u64]) -> bool {
             transform_max(hash, features);
         }
     }
-    sampled
+    (hash, sampled)
 }
 
 /// [`GEAR`] shifted left by 3, 2, 1 and 0 bits: one addition per byte on the hash's
@@ -239,14 +245,7 @@ fn odess_step4(h: u64, q: &[u8]) -> (u64, bool) {
 #[cold]
 #[inline(never)]
 fn odess_replay4(h: u64, q: &[u8], features: &mut [u64]) -> u64 {
-    let mut h = h;
-    for &b in q {
-        h = (h << 1).wrapping_add(GEAR[b as usize]);
-        if h & ODESS_SAMPLE_MASK == 0 {
-            transform_max(h, features);
-        }
-    }
-    h
+    odess_roll(q, h, features).0
 }
 
 /// [`odess_sampled`] over the whole chunk as two interleaved lanes (its halves), four bytes
