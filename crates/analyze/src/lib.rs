@@ -151,6 +151,7 @@ pub fn analyze(
         several_images: images.len() > 1,
         window_bytes: opts.window_bytes,
         blake3_s_per_byte,
+        frame_hash_s_per_byte: xxh3_stream_s_per_byte(),
         memo: Default::default(),
     };
     let runners = methods::runners(&specs, &ropts)?;
@@ -229,6 +230,32 @@ fn keep_buffers_in_heap() {
     }
 }
 
+/// Bytes each hash rate is measured over.
+const CALIBRATION_BYTES: usize = 4 << 20;
+
+/// Incompressible-looking bytes to measure hash rates on, made once.
+fn calibration_data() -> &'static [u8] {
+    static DATA: OnceLock<Vec<u8>> = OnceLock::new();
+    DATA.get_or_init(|| {
+        (0..CALIBRATION_BYTES as u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+            .collect()
+    })
+}
+
+/// The least thread CPU seconds per byte of [`calibration_data`] that `hash` took over
+/// three runs.
+fn s_per_byte(mut hash: impl FnMut(&[u8]) -> u8) -> f64 {
+    let buf = calibration_data();
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let t0 = cpu::thread_cpu_seconds();
+        std::hint::black_box(hash(buf));
+        best = best.min(cpu::thread_cpu_seconds() - t0);
+    }
+    best / buf.len() as f64
+}
+
 /// BLAKE3 CPU seconds per byte when hashing chunks of `chunk` bytes, measured once per size.
 fn blake3_s_per_byte(chunk: usize) -> f64 {
     static CACHE: OnceLock<Mutex<HashMap<usize, f64>>> = OnceLock::new();
@@ -236,21 +263,21 @@ fn blake3_s_per_byte(chunk: usize) -> f64 {
     if let Some(v) = cache.lock().expect("no panics while held").get(&chunk) {
         return *v;
     }
-    let buf: Vec<u8> = (0..16u32 << 20)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
-        .collect();
-    let size = chunk.clamp(64, buf.len());
-    let mut best = f64::MAX;
-    for _ in 0..3 {
-        let t0 = cpu::thread_cpu_seconds();
-        let mut acc = 0u8;
-        for c in buf.chunks(size) {
-            acc ^= blake3::hash(c).as_bytes()[0];
-        }
-        std::hint::black_box(acc);
-        best = best.min(cpu::thread_cpu_seconds() - t0);
-    }
-    let v = best / buf.len() as f64;
+    let size = chunk.clamp(64, CALIBRATION_BYTES);
+    let v = s_per_byte(|buf| {
+        buf.chunks(size)
+            .fold(0, |acc, c| acc ^ blake3::hash(c).as_bytes()[0])
+    });
     cache.lock().expect("no panics while held").insert(chunk, v);
     v
+}
+
+/// CPU seconds per byte of xxh3 fed a 4 MiB batch in 64 KiB pieces, as a frame's content
+/// hash is fed its items.
+fn xxh3_stream_s_per_byte() -> f64 {
+    s_per_byte(|buf| {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        buf.chunks(64 << 10).for_each(|c| h.update(c));
+        h.digest() as u8
+    })
 }

@@ -254,6 +254,10 @@ pub struct RunnerOptions {
     pub chunk_sample: u64,
     /// BLAKE3 CPU seconds per byte, by chunk size, measured on this machine.
     pub blake3_s_per_byte: fn(usize) -> f64,
+    /// CPU seconds per byte of a frame's content hash (xxh3 over its items), measured on this
+    /// machine: the similarity encoders skip the hash, which only a decoder needs, and charge
+    /// this instead.
+    pub frame_hash_s_per_byte: f64,
     /// Compressed sizes shared by all streams.
     pub memo: Memo,
 }
@@ -767,7 +771,8 @@ impl WholeItem {
                 let mut big = Residual::new(self.every, self.on_top, &self.memo);
                 big.push(&self.buf);
                 big.push(data);
-                self.buf = Vec::new();
+                // Kept, not freed: the next huge item would fault in its pages again.
+                self.buf.clear();
                 self.big = Some(big);
             }
             None => self.buf.extend_from_slice(data),
@@ -1188,7 +1193,8 @@ impl SimScope {
         SimScope {
             encoder: Encoder::new(config)
                 .expect("built-in configurations are valid")
-                .with_fingerprinter(Fingerprinter::estimate()),
+                .with_fingerprinter(Fingerprinter::estimate())
+                .without_content_hash(),
             residual: Residual::new(every, on_top, memo),
             sink: Vec::new(),
             cpu: 0.0,
@@ -1361,7 +1367,9 @@ impl Runner for SimilarityRunner {
             ChunkerSpec::Cdc { avg, .. } => avg,
         };
         let unit_bytes = unit_bytes.clamp(64, 1 << 20).next_power_of_two();
-        let mut prepare_cpu = (self.opts.blake3_s_per_byte)(unit_bytes) * batch.data.len() as f64;
+        let mut prepare_cpu = ((self.opts.blake3_s_per_byte)(unit_bytes)
+            + self.opts.frame_hash_s_per_byte)
+            * batch.data.len() as f64;
         let owner: SharedBytes = batch.clone();
         let Some(global) = &self.global else {
             // One scope: the encoder cuts as it encodes (an empty preparation describes no
@@ -1472,6 +1480,7 @@ mod tests {
             window_bytes: 1 << 30,
             chunk_sample: 1,
             blake3_s_per_byte: |_| 0.0,
+            frame_hash_s_per_byte: 0.0,
             memo: Memo::default(),
         }
     }

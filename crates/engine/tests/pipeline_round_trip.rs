@@ -197,3 +197,30 @@ fn rejects_foreign_and_future_streams() {
     let err = decode_all(&stream).unwrap_err().to_string();
     assert!(err.contains("version 9 is not supported"), "{err}");
 }
+
+#[test]
+fn a_stream_without_content_hashes_has_the_same_size_and_does_not_decode() {
+    use dedupwire_engine::pipeline::Encoder;
+    let items: Vec<Vec<u8>> = (0..40u32)
+        .map(|i| format!("document {i}: {}", "text ".repeat(i as usize * 7)).into_bytes())
+        .collect();
+    let slices: Vec<&[u8]> = items.iter().map(Vec::as_slice).collect();
+    let encode = |enc: Encoder| {
+        let mut enc = enc;
+        let mut out = Vec::new();
+        enc.write_header(&mut out);
+        for batch in slices.chunks(7) {
+            enc.encode_frame(batch, &mut out);
+        }
+        (out, enc.stats())
+    };
+    let config = PipelineConfig::documents();
+    let (real, real_stats) = encode(Encoder::new(config).unwrap());
+    let (measured, measured_stats) = encode(Encoder::new(config).unwrap().without_content_hash());
+    assert_eq!(measured.len(), real.len());
+    assert_eq!(format!("{measured_stats:?}"), format!("{real_stats:?}"));
+    assert_ne!(measured, real);
+    assert_eq!(decode_all(&real).unwrap(), items);
+    let err = decode_all(&measured).unwrap_err().to_string();
+    assert!(err.contains("content hash mismatch"), "{err}");
+}
