@@ -737,7 +737,7 @@ impl ExactScope {
 
 /// How an exact runner cuts: all its sizes from one pass, or one whole-item chunker.
 enum Cutter {
-    Multi(MultiCut),
+    Multi(Box<MultiCut>),
     Whole(Box<WholeItem>),
 }
 
@@ -858,7 +858,7 @@ impl ExactRunner {
                 on_top: opts.on_top,
                 memo: opts.memo.clone(),
             })),
-            _ => Cutter::Multi(MultiCut::new(specs).map_err(AnalyzeError::Usage)?),
+            _ => Cutter::Multi(Box::new(MultiCut::new(specs).map_err(AnalyzeError::Usage)?)),
         };
         let scope = || {
             ExactScope::new(
@@ -950,7 +950,7 @@ fn add_chunks(
             Some((blocks, b)) if end - start == full => {
                 id_from_blocks(blocks, start, (full / b) as usize, &mut buf)
             }
-            _ => xxhash_rust::xxh3::xxh3_64(c),
+            _ => scanned.id(i, (start, end), c, &mut buf),
         };
         spans.push((start, end, id))
     });

@@ -12,6 +12,14 @@
 //! The cuts follow the same rule and statistics as the engine's chunker but not the same
 //! positions (the engine spreads its mask bits and restarts its hash at each chunk's `min`):
 //! analysis measures how well a chunk size deduplicates, which does not depend on that.
+//!
+//! Chunk ids of the larger CDC sizes are made from **segment** ids, so each byte is hashed
+//! about once rather than once per size: segments run between consecutive candidates of level
+//! at least [`SEG_LEVEL`] (about 1 KiB apart) and item ends, and each is hashed once. A chunk's
+//! id is xxh3 of: the hash of its bytes up to its first segment end at least [`HEAD`] bytes in,
+//! the ids of the whole segments after that, and the hash of what is left. Past `HEAD` bytes a
+//! position's level depends only on the chunk's own bytes, so the id is a function of the
+//! chunk's content: equal chunks get equal ids wherever they lie.
 
 use dedupwire_engine::chunk::{ChunkerSpec, FastCdc};
 
@@ -32,6 +40,13 @@ enum Cut {
 
 /// Highest hash bit of the nested masks (the engine's masks stay below bit 61 too).
 const TOP_BIT: u32 = 60;
+
+/// Segments end at candidates of at least this level (or the loosest CDC mask's, if higher).
+const SEG_LEVEL: u32 = 10;
+
+/// Bytes into a chunk before its first segment end counts: a candidate's level depends on the
+/// 61 bytes before it, which past this lie inside the chunk.
+const HEAD: u64 = 64;
 
 /// The level of a Gear hash: zero bits from bit [`TOP_BIT`] down.
 #[inline(always)]
@@ -61,6 +76,16 @@ pub struct MultiCut {
     cursors: Vec<Cursor>,
     /// Scratch for the second lane's candidates.
     lane2: Vec<u64>,
+    /// The level segments end at, when some size takes its ids from them.
+    seg_level: Option<u32>,
+    /// Per size: whether its ids are made from segments.
+    from_segs: Vec<bool>,
+    /// Segments (end, xxh3 of their bytes), sorted; each starts where the one before ends.
+    segs: Vec<(u64, u64)>,
+    /// Stream position where the open segment starts.
+    seg_from: u64,
+    /// Scratch for a segment that spans the carry and the batch.
+    seg_joined: Vec<u8>,
 }
 
 impl MultiCut {
@@ -91,8 +116,21 @@ impl MultiCut {
                 Cut::Fixed(_) => None,
             })
             .min();
+        let seg_level = min_level.map(|l| l.max(SEG_LEVEL));
+        let from_segs: Vec<bool> = cuts
+            .iter()
+            .map(|c| match (c, seg_level) {
+                (Cut::Cdc { avg, .. }, Some(l)) => *avg >= 1 << (l + 2),
+                _ => false,
+            })
+            .collect();
         Ok(MultiCut {
             cursors: vec![Cursor::default(); cuts.len()],
+            seg_level: seg_level.filter(|_| from_segs.contains(&true)),
+            from_segs,
+            segs: Vec::new(),
+            seg_from: 0,
+            seg_joined: Vec::new(),
             cuts,
             min_level,
             hash: 0,
@@ -112,6 +150,7 @@ impl MultiCut {
     /// [`end_batch`]: MultiCut::end_batch
     pub fn scan(&mut self, batch: &Batch) {
         self.batch_base = self.scanned;
+        let (new_cands, new_ends) = (self.cands.len(), self.ends.len());
         for piece in &batch.pieces {
             let bytes = batch.bytes(piece);
             if let Some(min_level) = self.min_level {
@@ -130,6 +169,49 @@ impl MultiCut {
                 self.hash = 0;
             }
         }
+        if let Some(level) = self.seg_level {
+            self.hash_segments(&batch.data, level, new_cands, new_ends);
+        }
+    }
+
+    /// Hashes the segments that end in the batch just scanned (`data`): at its candidates from
+    /// index `cands` on with at least `level`, and at its item ends from index `ends` on.
+    fn hash_segments(&mut self, data: &[u8], level: u32, cands: usize, ends: usize) {
+        let mut points = self.cands[cands..]
+            .iter()
+            .filter(|&&c| (c & 0xff) as u32 >= level)
+            .map(|&c| c >> 8)
+            .peekable();
+        let mut item_ends = self.ends[ends..].iter().copied().peekable();
+        loop {
+            let p = match (points.peek(), item_ends.peek()) {
+                (Some(&c), Some(&e)) if c < e => points.next(),
+                (Some(&c), Some(&e)) if c > e => item_ends.next(),
+                (Some(_), Some(_)) => {
+                    item_ends.next();
+                    points.next()
+                }
+                (Some(_), None) => points.next(),
+                (None, _) => item_ends.next(),
+            };
+            let Some(p) = p else { break };
+            if p <= self.seg_from {
+                continue;
+            }
+            let base = self.batch_base;
+            let bytes = if self.seg_from >= base {
+                &data[(self.seg_from - base) as usize..(p - base) as usize]
+            } else {
+                self.seg_joined.clear();
+                let from = (self.seg_from - self.carry_base) as usize;
+                self.seg_joined.extend_from_slice(&self.carry[from..]);
+                self.seg_joined
+                    .extend_from_slice(&data[..(p - base) as usize]);
+                &self.seg_joined
+            };
+            self.segs.push((p, xxhash_rust::xxh3::xxh3_64(bytes)));
+            self.seg_from = p;
+        }
     }
 
     /// Emits every chunk of size `i` that the data scanned so far decides: its stream
@@ -145,6 +227,8 @@ impl MultiCut {
     pub fn split(&mut self) -> (Scanned<'_>, &mut [Cursor]) {
         let scanned = Scanned {
             cuts: &self.cuts,
+            from_segs: &self.from_segs,
+            segs: &self.segs,
             cands: &self.cands,
             ends: &self.ends,
             carry: &self.carry,
@@ -166,7 +250,11 @@ impl MultiCut {
 
     /// Keeps what pending chunks need from `data` (the batch just cut) and forgets the rest.
     pub fn end_batch(&mut self, data: &[u8]) {
-        let keep_from = self.pending_start();
+        let pending = self.pending_start();
+        let keep_from = match self.seg_level {
+            Some(_) => pending.min(self.seg_from),
+            None => pending,
+        };
         if keep_from >= self.batch_base {
             self.carry.clear();
             self.carry
@@ -181,6 +269,8 @@ impl MultiCut {
         self.cands.drain(..c);
         let e = self.ends.partition_point(|&e| e <= keep_from);
         self.ends.drain(..e);
+        let g = self.segs.partition_point(|&(end, _)| end <= pending);
+        self.segs.drain(..g);
     }
 }
 
@@ -207,6 +297,8 @@ impl Cursor {
 /// The batch [`MultiCut::scan`] scanned, with the candidates and carry every size cuts from.
 pub struct Scanned<'a> {
     cuts: &'a [Cut],
+    from_segs: &'a [bool],
+    segs: &'a [(u64, u64)],
     cands: &'a [u64],
     ends: &'a [u64],
     carry: &'a [u8],
@@ -278,6 +370,36 @@ impl Scanned<'_> {
             }
         }
         cursor.start = start;
+    }
+
+    /// The id of the chunk `chunk` that size `i` cut from stream position `start` to `end`:
+    /// xxh3 of its bytes, or for sizes with segments, made from them (see the module doc),
+    /// with `buf` as scratch.
+    pub fn id(&self, i: usize, (start, end): (u64, u64), chunk: &[u8], buf: &mut Vec<u8>) -> u64 {
+        use xxhash_rust::xxh3::xxh3_64;
+        if !self.from_segs[i] {
+            return xxh3_64(chunk);
+        }
+        let first = self.segs.partition_point(|&(e, _)| e < start + HEAD);
+        let Some(&(head_end, _)) = self.segs.get(first).filter(|&&(e, _)| e < end) else {
+            return xxh3_64(chunk);
+        };
+        buf.clear();
+        let head = (head_end - start) as usize;
+        buf.extend_from_slice(&xxh3_64(&chunk[..head]).to_le_bytes());
+        let mut covered = head_end;
+        for &(e, id) in self.segs[first + 1..]
+            .iter()
+            .take_while(|&&(e, _)| e <= end)
+        {
+            buf.extend_from_slice(&id.to_le_bytes());
+            covered = e;
+        }
+        if covered < end {
+            let tail = &chunk[(covered - start) as usize..];
+            buf.extend_from_slice(&xxh3_64(tail).to_le_bytes());
+        }
+        xxh3_64(buf)
     }
 
     /// The bytes from stream position `start` to `end` of a chunk [`Scanned::cut`] emitted for
@@ -533,6 +655,77 @@ mod tests {
             let end = scan_gear(&bytes, 3, 7, min_level, &mut out, &mut scratch);
             assert_eq!((end, &out), (h, &naive), "min_level {min_level}");
         }
+    }
+
+    /// A chunk's id from its bytes alone, as the module doc defines it for `level`.
+    fn content_id(chunk: &[u8], level: u32) -> u64 {
+        use xxhash_rust::xxh3::xxh3_64;
+        let gear = FastCdc::gear_table();
+        let mut h = 0u64;
+        let mut ends = Vec::new();
+        for (k, &b) in chunk.iter().enumerate() {
+            h = (h << 1).wrapping_add(gear[b as usize]);
+            let p = k as u64 + 1;
+            if p >= HEAD && p < chunk.len() as u64 && self::level(h) >= level {
+                ends.push(p as usize);
+            }
+        }
+        let Some(&first) = ends.first() else {
+            return xxh3_64(chunk);
+        };
+        let mut parts = vec![xxh3_64(&chunk[..first])];
+        for w in ends.windows(2) {
+            parts.push(xxh3_64(&chunk[w[0]..w[1]]));
+        }
+        parts.push(xxh3_64(&chunk[*ends.last().unwrap()..]));
+        let bytes: Vec<u8> = parts.iter().flat_map(|p| p.to_le_bytes()).collect();
+        xxh3_64(&bytes)
+    }
+
+    #[test]
+    fn ids_made_from_segments_depend_only_on_the_chunk() {
+        let mut base = data(3 << 20, 21);
+        base[1_000_000..1_200_000].fill(7);
+        let mut shifted = data(1234, 22);
+        shifted.extend_from_slice(&base);
+        let items = vec![base, data(100, 23), Vec::new(), shifted, data(70_000, 24)];
+        let specs = [
+            ChunkerSpec::cdc(1024),
+            ChunkerSpec::cdc(4096),
+            ChunkerSpec::cdc(64 << 10),
+            ChunkerSpec::Fixed { size: 8192 },
+        ];
+        let mut seen = vec![std::collections::HashMap::new(); specs.len()];
+        for batch in [4 << 20, 100_000, 1000] {
+            let mut mc = MultiCut::new(&specs).unwrap();
+            assert_eq!(mc.from_segs, [false, true, true, false]);
+            for b in batches(&items, batch) {
+                mc.scan(&b);
+                let (scanned, cursors) = mc.split();
+                for (i, cursor) in cursors.iter_mut().enumerate() {
+                    let mut buf = Vec::new();
+                    let mut got = Vec::new();
+                    scanned.cut(i, cursor, &b.data, |s, e, c| {
+                        got.push((scanned.id(i, (s, e), c, &mut buf), c.to_vec()));
+                    });
+                    for (id, c) in got {
+                        let want = match specs[i] {
+                            ChunkerSpec::Cdc { avg, .. } if avg >= 4096 => {
+                                content_id(&c, SEG_LEVEL)
+                            }
+                            _ => xxhash_rust::xxh3::xxh3_64(&c),
+                        };
+                        assert_eq!(id, want, "size {i}, batch {batch}, {} bytes", c.len());
+                        assert_eq!(*seen[i].entry(id).or_insert_with(|| c.clone()), c);
+                    }
+                }
+                mc.end_batch(&b.data);
+                assert!(mc.segs.len() < 5000, "{}", mc.segs.len());
+            }
+        }
+        // The shifted copy shares most of its 64 KiB chunks with the original, by id.
+        let each_copy = (3 << 20) / (64 << 10);
+        assert!(seen[2].len() < each_copy * 12 / 10, "{}", seen[2].len());
     }
 
     #[test]
