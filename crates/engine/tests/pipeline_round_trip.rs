@@ -145,6 +145,36 @@ proptest! {
     }
 
     #[test]
+    fn frames_handed_over_in_parts_are_the_frames(items in revisions(), split in 0usize..12) {
+        use std::sync::Arc;
+        use dedupwire_engine::pipeline::{Encoder, Prepared, SharedBytes};
+        for config in configs() {
+            let mut whole = Encoder::new(config).unwrap();
+            let mut parts = Encoder::new(config).unwrap();
+            let (mut out_whole, mut out_parts, mut head) = (Vec::new(), Vec::new(), Vec::new());
+            let mut prepared = Prepared::default();
+            for batch in items.chunks(split % items.len().max(1) + 1) {
+                let owner: SharedBytes = Arc::new(batch.concat());
+                let mut at = 0;
+                let slices: Vec<&[u8]> = batch
+                    .iter()
+                    .map(|item| {
+                        at += item.len();
+                        &(*owner).as_ref()[at - item.len()..at]
+                    })
+                    .collect();
+                whole.prepare(&slices, &mut prepared);
+                whole.encode_prepared_from(&owner, &slices, &prepared, &mut out_whole);
+                for part in parts.encode_prepared_parts(&owner, &slices, &prepared, &mut head) {
+                    out_parts.extend_from_slice(part);
+                }
+            }
+            prop_assert_eq!(&out_parts, &out_whole, "{:?}", config);
+            prop_assert_eq!(format!("{:?}", parts.stats()), format!("{:?}", whole.stats()));
+        }
+    }
+
+    #[test]
     fn damage_is_an_error_never_a_wrong_item(items in revisions(), at: usize, xor in 1u8..=255) {
         for config in configs() {
             let mut stream = encode_all(config, items.iter().map(Vec::as_slice), 2000).unwrap();

@@ -180,6 +180,22 @@ fn features_of(similarity: Similarity, unit: &[u8]) -> Vec<u64> {
     }
 }
 
+/// Appends a frame's header: its body's length, the length stored (compressed or not), the
+/// compression and the content hash.
+fn put_frame_header(
+    out: &mut Vec<u8>,
+    body_len: usize,
+    stored_len: usize,
+    method: Compression,
+    content_hash: u64,
+) {
+    out.push(FRAME);
+    varint::put(out, body_len as u64);
+    varint::put(out, stored_len as u64);
+    out.push(method.tag());
+    out.extend_from_slice(&content_hash.to_le_bytes());
+}
+
 impl Encoder {
     /// An encoder for `config`; fails on an invalid chunker configuration.
     pub fn new(config: PipelineConfig) -> Result<Self> {
@@ -290,7 +306,8 @@ impl Encoder {
     /// Encodes `items` as one frame appended to `out`, with the work of [`Encoder::prepare`]
     /// (redone here if `prepared` does not describe `items`).
     pub fn encode_prepared(&mut self, items: &[&[u8]], prepared: &Prepared, out: &mut Vec<u8>) {
-        self.encode_in(items, prepared, None, out);
+        let content_hash = self.encode_in(items, prepared, None);
+        self.write_frame(content_hash, out);
     }
 
     /// [`Encoder::encode_prepared`] for items that lie in `owner`: the window keeps them as
@@ -304,20 +321,45 @@ impl Encoder {
         prepared: &Prepared,
         out: &mut Vec<u8>,
     ) {
-        self.encode_in(items, prepared, Some(owner), out);
+        let content_hash = self.encode_in(items, prepared, Some(owner));
+        self.write_frame(content_hash, out);
     }
 
+    /// [`Encoder::encode_prepared_from`] that hands the frame over in three parts (header,
+    /// ops, payload) instead of copying them into one buffer, when the encoder does not
+    /// compress: for an analysis that reads each frame once. `head` holds the header (or the
+    /// whole frame, compressed).
+    pub fn encode_prepared_parts<'a>(
+        &'a mut self,
+        owner: &SharedBytes,
+        items: &[&[u8]],
+        prepared: &Prepared,
+        head: &'a mut Vec<u8>,
+    ) -> [&'a [u8]; 3] {
+        let content_hash = self.encode_in(items, prepared, Some(owner));
+        head.clear();
+        if self.config.compression != Compression::None {
+            self.write_frame(content_hash, head);
+            return [head, &[], &[]];
+        }
+        let body_len = self.put_body_header(content_hash, head);
+        self.stats.frames += 1;
+        self.stats.raw_bytes += body_len as u64;
+        self.stats.output_bytes += (head.len() + self.ops.len() + self.payload.len()) as u64;
+        [head, &self.ops, &self.payload]
+    }
+
+    /// Encodes `items` into `ops` and `payload`; returns the frame's content hash.
     fn encode_in(
         &mut self,
         items: &[&[u8]],
         prepared: &Prepared,
         owner: Option<&SharedBytes>,
-        out: &mut Vec<u8>,
-    ) {
+    ) -> u64 {
         if !prepared.describes(items) {
             let mut fresh = Prepared::default();
             self.prepare_into(items, false, &mut fresh);
-            return self.encode_in(items, &fresh, owner, out);
+            return self.encode_in(items, &fresh, owner);
         }
         let first_new = self.window.next_id();
         self.ops.clear();
@@ -341,7 +383,18 @@ impl Encoder {
             self.window
                 .own_if_sparse(first_new, (**owner).as_ref().len());
         }
-        self.write_frame(prepared.content, out);
+        prepared.content
+    }
+
+    /// Appends the header of an uncompressed frame and the body's first part (the length of
+    /// `ops`) to `out`; returns the body's length.
+    fn put_body_header(&self, content_hash: u64, out: &mut Vec<u8>) -> usize {
+        let mut ops_len = Vec::with_capacity(10);
+        varint::put(&mut ops_len, self.ops.len() as u64);
+        let body_len = ops_len.len() + self.ops.len() + self.payload.len();
+        put_frame_header(out, body_len, body_len, Compression::None, content_hash);
+        out.extend_from_slice(&ops_len);
+        body_len
     }
 
     /// Appends the frame of the encoded `ops` and `payload`. Uncompressed, they go straight
@@ -351,13 +404,6 @@ impl Encoder {
         varint::put(&mut ops_len, self.ops.len() as u64);
         let body_len = ops_len.len() + self.ops.len() + self.payload.len();
         let start = out.len();
-        let header = |out: &mut Vec<u8>, stored_len: usize, method: Compression| {
-            out.push(FRAME);
-            varint::put(out, body_len as u64);
-            varint::put(out, stored_len as u64);
-            out.push(method.tag());
-            out.extend_from_slice(&content_hash.to_le_bytes());
-        };
         let compressed = match self.config.compression {
             Compression::None => None,
             method => {
@@ -371,11 +417,11 @@ impl Encoder {
         };
         match compressed {
             Some((method, c)) => {
-                header(out, c.len(), method);
+                put_frame_header(out, body_len, c.len(), method, content_hash);
                 out.extend_from_slice(&c);
             }
             None => {
-                header(out, body_len, Compression::None);
+                put_frame_header(out, body_len, body_len, Compression::None, content_hash);
                 out.reserve(body_len);
                 out.extend_from_slice(&ops_len);
                 out.extend_from_slice(&self.ops);
