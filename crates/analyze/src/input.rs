@@ -4,6 +4,7 @@
 //! document stream's items are its lines (one write each). Batches never mix images, and a
 //! reader thread fills the next batch while the methods work on the current one.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -32,6 +33,8 @@ pub struct Image {
     pub files: Vec<PathBuf>,
     /// Sum of the files' sizes on disk (compressed size for `.zst`).
     pub disk_bytes: u64,
+    /// Each file's size when listed.
+    pub sizes: Vec<u64>,
     /// Items' kind.
     pub kind: ItemKind,
 }
@@ -45,6 +48,9 @@ pub struct Piece {
     pub end: usize,
     /// True when this piece ends its item.
     pub item_end: bool,
+    /// True when no other file of the input had this item's size when listed: the item is
+    /// then new to whole-item dedup, which need not hash it.
+    pub size_unique: bool,
 }
 
 /// A batch of item pieces from one image.
@@ -87,7 +93,7 @@ pub fn scan(paths: &[PathBuf]) -> Result<Vec<Image>, AnalyzeError> {
     for path in paths {
         let meta = std::fs::metadata(path).map_err(|e| AnalyzeError::io(path, e))?;
         let mut files = Vec::new();
-        let mut disk_bytes = 0;
+        let mut sizes = Vec::new();
         if meta.is_dir() {
             for entry in walkdir::WalkDir::new(path).sort_by_file_name() {
                 let entry = entry.map_err(|e| {
@@ -95,12 +101,12 @@ pub fn scan(paths: &[PathBuf]) -> Result<Vec<Image>, AnalyzeError> {
                     AnalyzeError::io(&p, e.into())
                 })?;
                 if entry.file_type().is_file() {
-                    disk_bytes += entry.metadata().map(|m| m.len()).unwrap_or(0);
+                    sizes.push(entry.metadata().map(|m| m.len()).unwrap_or(0));
                     files.push(entry.into_path());
                 }
             }
         } else {
-            disk_bytes = meta.len();
+            sizes.push(meta.len());
             files.push(path.clone());
         }
         let kind = if files.len() == 1 && is_document_stream(&files[0]) {
@@ -111,7 +117,8 @@ pub fn scan(paths: &[PathBuf]) -> Result<Vec<Image>, AnalyzeError> {
         images.push(Image {
             path: path.clone(),
             files,
-            disk_bytes,
+            disk_bytes: sizes.iter().sum(),
+            sizes,
             kind,
         });
     }
@@ -122,6 +129,12 @@ pub fn scan(paths: &[PathBuf]) -> Result<Vec<Image>, AnalyzeError> {
 pub fn read_batches(images: Vec<Image>) -> Receiver<Result<Batch, AnalyzeError>> {
     let (tx, rx) = sync_channel(2);
     std::thread::spawn(move || {
+        let mut same_size: HashMap<u64, u32> = HashMap::new();
+        for image in images.iter().filter(|i| i.kind == ItemKind::File) {
+            for &size in &image.sizes {
+                *same_size.entry(size).or_default() += 1;
+            }
+        }
         let mut seq = 0;
         let mut send = |mut b: Batch| {
             b.seq = seq;
@@ -130,7 +143,7 @@ pub fn read_batches(images: Vec<Image>) -> Receiver<Result<Batch, AnalyzeError>>
         };
         for (i, image) in images.iter().enumerate() {
             let result = match image.kind {
-                ItemKind::File => read_files(i, image, &mut send),
+                ItemKind::File => read_files(i, image, &same_size, &mut send),
                 ItemKind::Document => read_documents(i, image, &mut send),
             };
             if let Err(e) = result {
@@ -155,10 +168,12 @@ fn new_batch(image: usize, kind: ItemKind) -> Batch {
 fn read_files(
     index: usize,
     image: &Image,
+    same_size: &HashMap<u64, u32>,
     send: &mut dyn FnMut(Batch) -> bool,
 ) -> Result<(), AnalyzeError> {
     let mut batch = new_batch(index, ItemKind::File);
-    for path in &image.files {
+    for (path, size) in image.files.iter().zip(&image.sizes) {
+        let size_unique = same_size.get(size) == Some(&1);
         let mut file = match crate::direct::Source::open(path) {
             Ok(f) => f,
             Err(e) => return Err(AnalyzeError::io(path, e)),
@@ -175,6 +190,7 @@ fn read_files(
                     start,
                     end: start + n,
                     item_end,
+                    size_unique,
                 });
             }
             if batch.data.len() >= BATCH_BYTES {
@@ -225,6 +241,7 @@ fn read_documents(
             start,
             end,
             item_end: true,
+            size_unique: false,
         });
         if batch.data.len() >= BATCH_BYTES {
             let full = std::mem::replace(&mut batch, new_batch(index, ItemKind::Document));
@@ -256,6 +273,7 @@ pub(crate) fn test_batches(items: &[Vec<u8>], batch: usize) -> Vec<Batch> {
                 start,
                 end: start + take,
                 item_end: rest.is_empty(),
+                size_unique: false,
             });
             if cur.data.len() >= batch {
                 out.push(std::mem::replace(&mut cur, new_batch(0, ItemKind::File)));
@@ -272,4 +290,36 @@ pub(crate) fn test_batches(items: &[Vec<u8>], batch: usize) -> Vec<Batch> {
         b.seq = seq as u64;
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_say_whether_another_file_of_any_image_has_their_size() {
+        let root = std::env::temp_dir().join(format!("dedupwire-sizes-{}", std::process::id()));
+        let tree = root.join("tree");
+        std::fs::create_dir_all(&tree).unwrap();
+        for (name, len) in [("a", 3), ("b", 3), ("c", 5), ("f", 9)] {
+            std::fs::write(tree.join(name), vec![b'x'; len]).unwrap();
+        }
+        std::fs::write(root.join("d"), [b'y'; 5]).unwrap();
+        let images = scan(&[tree, root.join("d")]).unwrap();
+        let flags: Vec<(usize, bool)> = read_batches(images)
+            .into_iter()
+            .flat_map(|b| {
+                let b = b.unwrap();
+                b.pieces
+                    .iter()
+                    .map(|p| (p.end - p.start, p.size_unique))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(
+            flags,
+            [(3, false), (3, false), (5, false), (9, true), (5, false)]
+        );
+    }
 }

@@ -25,7 +25,7 @@ use serde::Serialize;
 
 use crate::cpu::charge;
 use crate::id_set::IdSet;
-use crate::input::{Batch, ItemKind, BATCH_BYTES};
+use crate::input::{Batch, ItemKind, Piece, BATCH_BYTES};
 use crate::memo::Memo;
 use crate::multi_cut::{Cursor, MultiCut, Scanned};
 use crate::AnalyzeError;
@@ -747,14 +747,21 @@ enum Cutter {
     Whole(Box<WholeItem>),
 }
 
+/// Seeds the ids of items no other file has the size of (see [`WholeItem`]).
+const UNIQUE_SIZE_SEED: u64 = 0x756e_6971_7565_5f73;
+
 /// Items buffered whole until they end; larger ones stream (see [`WholeItem`]).
 const WHOLE_BUFFER: usize = if cfg!(test) { 1 << 20 } else { 64 << 20 };
 
 /// Whole-item chunking without holding huge items in memory: an item is buffered up to
 /// [`WHOLE_BUFFER`]; past that it is hashed as it streams and its compression estimated on
-/// its own, to be counted only if the item turns out to be new.
+/// its own, to be counted only if the item turns out to be new. An item whose size no other
+/// file has is new without being hashed (as duplicate finders such as `fdupes` do), which
+/// spares hashing most bytes of inputs made of large files.
 struct WholeItem {
     hasher: xxhash_rust::xxh3::Xxh3,
+    /// Items ended so far.
+    items: u64,
     /// Stream position after the bytes pushed so far.
     pos: u64,
     /// Bytes of the current item so far.
@@ -767,8 +774,10 @@ struct WholeItem {
 }
 
 impl WholeItem {
-    fn push(&mut self, data: &[u8], item_end: bool, size: &mut SizeState) {
-        self.hasher.update(data);
+    fn push(&mut self, data: &[u8], piece: Piece, size: &mut SizeState) {
+        if !piece.size_unique {
+            self.hasher.update(data);
+        }
         self.len += data.len() as u64;
         self.pos += data.len() as u64;
         match &mut self.big {
@@ -783,10 +792,17 @@ impl WholeItem {
             }
             None => self.buf.extend_from_slice(data),
         }
-        if !item_end {
+        if !piece.item_end {
             return;
         }
-        let id = self.hasher.digest();
+        self.items += 1;
+        let id = if piece.size_unique {
+            // No other file has its size, so no other item equals it: any id of its own will
+            // do, and the item's bytes need no hashing.
+            xxhash_rust::xxh3::xxh3_64_with_seed(&self.items.to_le_bytes(), UNIQUE_SIZE_SEED)
+        } else {
+            self.hasher.digest()
+        };
         match self.big.take() {
             Some(mut big) => {
                 let est = big.estimate();
@@ -856,6 +872,7 @@ impl ExactRunner {
         let cutter = match specs {
             [ChunkerSpec::Whole] => Cutter::Whole(Box::new(WholeItem {
                 hasher: xxhash_rust::xxh3::Xxh3::new(),
+                items: 0,
                 pos: 0,
                 len: 0,
                 buf: Vec::new(),
@@ -1058,7 +1075,7 @@ impl Runner for ExactRunner {
                 charge(&mut cpu, || {
                     size.begin(whole.pos, batch.seq);
                     for piece in &batch.pieces {
-                        whole.push(batch.bytes(piece), piece.item_end, size);
+                        whole.push(batch.bytes(piece), *piece, size);
                     }
                     size.settle(whole.pos - whole.len);
                 });
@@ -1546,6 +1563,30 @@ mod tests {
             "{}",
             zstd.output_bytes
         );
+    }
+
+    #[test]
+    fn items_no_other_file_has_the_size_of_count_as_new_without_hashing() {
+        let (a, b, c) = (noise(3 << 20, 1), noise(5000, 2), noise(7000, 3));
+        let items = [a.clone(), b.clone(), a, c, b];
+        let whole = |unique: &dyn Fn(usize) -> bool| {
+            let mut runner = ExactRunner::new(&[ChunkerSpec::Whole], &opts()).unwrap();
+            let mut item = 0;
+            for mut batch in test_batches(&items, 1 << 20) {
+                for p in &mut batch.pieces {
+                    p.size_unique = unique(item);
+                    item += p.item_end as usize;
+                }
+                runner.feed(&Arc::new(batch));
+            }
+            Box::new(runner).finish()[0].output_bytes
+        };
+        let hashed = whole(&|_| false);
+        assert_eq!(hashed, (3 << 20) + 5000 + 7000 + 5 * REF_BYTES);
+        // Only `c` has a size of its own: skipping its hash changes nothing.
+        assert_eq!(whole(&|i| i == 3), hashed);
+        // The flag is trusted: equal items falsely flagged are not compared.
+        assert_eq!(whole(&|i| i == 1 || i == 4), hashed + 5000);
     }
 
     #[test]
