@@ -14,12 +14,14 @@
 //! analysis measures how well a chunk size deduplicates, which does not depend on that.
 //!
 //! Chunk ids of the larger CDC sizes are made from **segment** ids, so each byte is hashed
-//! about once rather than once per size: segments run between consecutive candidates of level
-//! at least [`SEG_LEVEL`] (about 1 KiB apart) and item ends, and each is hashed once. A chunk's
-//! id is xxh3 of: the hash of its bytes up to its first segment end at least [`HEAD`] bytes in,
-//! the ids of the whole segments after that, and the hash of what is left. Past `HEAD` bytes a
-//! position's level depends only on the chunk's own bytes, so the id is a function of the
-//! chunk's content: equal chunks get equal ids wherever they lie.
+//! about once rather than once per size: segments end at item ends and at candidates of level
+//! at least [`SEG_LEVEL`] (about 1 KiB apart) with no other such candidate in the [`MIN_GAP`]
+//! bytes before them (so a repetitive run whose every few bytes are candidates makes one long
+//! segment, not many tiny ones), and each is hashed once. A chunk's id is xxh3 of: the hash of
+//! its bytes up to its first segment end at least [`HEAD`] bytes in, the ids of the whole
+//! segments after that, and the hash of what is left. Past `HEAD` bytes whether a position ends
+//! a segment depends only on the chunk's own bytes, so the id is a function of the chunk's
+//! content: equal chunks get equal ids wherever they lie.
 
 use dedupwire_engine::chunk::{ChunkerSpec, FastCdc};
 
@@ -44,9 +46,13 @@ const TOP_BIT: u32 = 60;
 /// Segments end at candidates of at least this level (or the loosest CDC mask's, if higher).
 const SEG_LEVEL: u32 = 10;
 
+/// Bytes a segment-ending candidate is clear of other candidates of its level before it.
+const MIN_GAP: u64 = 64;
+
 /// Bytes into a chunk before its first segment end counts: a candidate's level depends on the
-/// 61 bytes before it, which past this lie inside the chunk.
-const HEAD: u64 = 64;
+/// 61 bytes before it, so whether one ends a segment depends on the `MIN_GAP + 61` bytes
+/// before it, which past this lie inside the chunk.
+const HEAD: u64 = 2 * MIN_GAP;
 
 /// The level of a Gear hash: zero bits from bit [`TOP_BIT`] down.
 #[inline(always)]
@@ -84,6 +90,8 @@ pub struct MultiCut {
     segs: Vec<(u64, u64)>,
     /// Stream position where the open segment starts.
     seg_from: u64,
+    /// The last candidate of the segments' level, ending a segment or not.
+    seg_cand: Option<u64>,
     /// Scratch for a segment that spans the carry and the batch.
     seg_joined: Vec<u8>,
 }
@@ -130,6 +138,7 @@ impl MultiCut {
             from_segs,
             segs: Vec::new(),
             seg_from: 0,
+            seg_cand: None,
             seg_joined: Vec::new(),
             cuts,
             min_level,
@@ -177,10 +186,16 @@ impl MultiCut {
     /// Hashes the segments that end in the batch just scanned (`data`): at its candidates from
     /// index `cands` on with at least `level`, and at its item ends from index `ends` on.
     fn hash_segments(&mut self, data: &[u8], level: u32, cands: usize, ends: usize) {
+        let last = &mut self.seg_cand;
         let mut points = self.cands[cands..]
             .iter()
             .filter(|&&c| (c & 0xff) as u32 >= level)
             .map(|&c| c >> 8)
+            .filter(|&c| {
+                let clear = last.is_none_or(|l| c - l >= MIN_GAP);
+                *last = Some(c);
+                clear
+            })
             .peekable();
         let mut item_ends = self.ends[ends..].iter().copied().peekable();
         loop {
@@ -662,12 +677,16 @@ mod tests {
         use xxhash_rust::xxh3::xxh3_64;
         let gear = FastCdc::gear_table();
         let mut h = 0u64;
-        let mut ends = Vec::new();
+        let (mut ends, mut last) = (Vec::new(), None);
         for (k, &b) in chunk.iter().enumerate() {
             h = (h << 1).wrapping_add(gear[b as usize]);
             let p = k as u64 + 1;
-            if p >= HEAD && p < chunk.len() as u64 && self::level(h) >= level {
-                ends.push(p as usize);
+            if self::level(h) >= level {
+                let clear = last.is_none_or(|l| p - l >= MIN_GAP);
+                if clear && p >= HEAD && p < chunk.len() as u64 {
+                    ends.push(p as usize);
+                }
+                last = Some(p);
             }
         }
         let Some(&first) = ends.first() else {
@@ -682,10 +701,31 @@ mod tests {
         xxh3_64(&bytes)
     }
 
+    /// A two-byte pattern whose run has a candidate of level [`SEG_LEVEL`] every two bytes.
+    fn dense_pattern() -> [u8; 2] {
+        let gear = FastCdc::gear_table();
+        (0..=u16::MAX)
+            .map(u16::to_le_bytes)
+            .find(|p| {
+                let mut h = 0u64;
+                for _ in 0..64 {
+                    h = (h << 1).wrapping_add(gear[p[0] as usize]);
+                    h = (h << 1).wrapping_add(gear[p[1] as usize]);
+                }
+                level(h) >= SEG_LEVEL
+            })
+            .expect("about one pattern in 500 qualifies")
+    }
+
     #[test]
     fn ids_made_from_segments_depend_only_on_the_chunk() {
         let mut base = data(3 << 20, 21);
         base[1_000_000..1_200_000].fill(7);
+        // A run whose every other byte is a candidate makes one segment, not 50 000.
+        let dense = dense_pattern();
+        for (k, b) in base[2_000_000..2_100_000].iter_mut().enumerate() {
+            *b = dense[k % 2];
+        }
         let mut shifted = data(1234, 22);
         shifted.extend_from_slice(&base);
         let items = vec![base, data(100, 23), Vec::new(), shifted, data(70_000, 24)];
