@@ -3,7 +3,7 @@
 use dedupwire_engine::chunk::ChunkerSpec;
 use dedupwire_engine::compress::Compression;
 use dedupwire_engine::delta::DeltaSpec;
-use dedupwire_engine::pipeline::{decode_all, encode_all, PipelineConfig};
+use dedupwire_engine::pipeline::{decode_all, encode_all, PipelineConfig, SharedBytes};
 use proptest::prelude::*;
 
 fn configs() -> Vec<PipelineConfig> {
@@ -35,6 +35,23 @@ fn configs() -> Vec<PipelineConfig> {
 }
 
 /// Items that revise earlier items, as document streams and file versions do.
+/// Calls `f` with each run of items in turn (runs of `split` modulo their count, plus one), as
+/// one shared buffer and the items' slices of it.
+fn in_shared_batches(items: &[Vec<u8>], split: usize, mut f: impl FnMut(&SharedBytes, &[&[u8]])) {
+    for batch in items.chunks(split % items.len().max(1) + 1) {
+        let owner: SharedBytes = std::sync::Arc::new(batch.concat());
+        let mut at = 0;
+        let slices: Vec<&[u8]> = batch
+            .iter()
+            .map(|item| {
+                at += item.len();
+                &(*owner).as_ref()[at - item.len()..at]
+            })
+            .collect();
+        f(&owner, &slices);
+    }
+}
+
 fn revisions() -> impl Strategy<Value = Vec<Vec<u8>>> {
     let edit = (
         any::<u16>(),
@@ -107,28 +124,18 @@ proptest! {
 
     #[test]
     fn a_window_of_shared_batches_and_estimate_ids_write_the_same_stream(items in revisions(), split in 0usize..12) {
-        use std::sync::Arc;
         use dedupwire_engine::fingerprint::Fingerprinter;
-        use dedupwire_engine::pipeline::{Encoder, Prepared, SharedBytes};
+        use dedupwire_engine::pipeline::{Encoder, Prepared};
         for config in configs() {
             let mut plain = Encoder::new(config).unwrap();
             let mut shared = Encoder::new(config).unwrap().with_fingerprinter(Fingerprinter::estimate());
             let (mut out_plain, mut out_shared) = (Vec::new(), Vec::new());
             let mut prepared = Prepared::default();
-            for batch in items.chunks(split % items.len().max(1) + 1) {
-                let owner: SharedBytes = Arc::new(batch.concat());
-                let mut at = 0;
-                let slices: Vec<&[u8]> = batch
-                    .iter()
-                    .map(|item| {
-                        at += item.len();
-                        &(*owner).as_ref()[at - item.len()..at]
-                    })
-                    .collect();
-                plain.encode_frame(&slices, &mut out_plain);
-                shared.prepare(&slices, &mut prepared);
-                shared.encode_prepared_from(&owner, &slices, &prepared, &mut out_shared);
-            }
+            in_shared_batches(&items, split, |owner, slices| {
+                plain.encode_frame(slices, &mut out_plain);
+                shared.prepare(slices, &mut prepared);
+                shared.encode_prepared_from(owner, slices, &prepared, &mut out_shared);
+            });
             // zstd matches differently when a reference prefix lies right before the target in
             // memory (one batch holds both), so its deltas may differ in size (and so in being
             // chosen); the stream must still decode to the same items.
@@ -146,29 +153,19 @@ proptest! {
 
     #[test]
     fn frames_handed_over_in_parts_are_the_frames(items in revisions(), split in 0usize..12) {
-        use std::sync::Arc;
-        use dedupwire_engine::pipeline::{Encoder, Prepared, SharedBytes};
+        use dedupwire_engine::pipeline::{Encoder, Prepared};
         for config in configs() {
             let mut whole = Encoder::new(config).unwrap();
             let mut parts = Encoder::new(config).unwrap();
             let (mut out_whole, mut out_parts, mut head) = (Vec::new(), Vec::new(), Vec::new());
             let mut prepared = Prepared::default();
-            for batch in items.chunks(split % items.len().max(1) + 1) {
-                let owner: SharedBytes = Arc::new(batch.concat());
-                let mut at = 0;
-                let slices: Vec<&[u8]> = batch
-                    .iter()
-                    .map(|item| {
-                        at += item.len();
-                        &(*owner).as_ref()[at - item.len()..at]
-                    })
-                    .collect();
-                whole.prepare(&slices, &mut prepared);
-                whole.encode_prepared_from(&owner, &slices, &prepared, &mut out_whole);
-                for part in parts.encode_prepared_parts(&owner, &slices, &prepared, &mut head) {
+            in_shared_batches(&items, split, |owner, slices| {
+                whole.prepare(slices, &mut prepared);
+                whole.encode_prepared_from(owner, slices, &prepared, &mut out_whole);
+                for part in parts.encode_prepared_parts(owner, slices, &prepared, &mut head) {
                     out_parts.extend_from_slice(part);
                 }
-            }
+            });
             prop_assert_eq!(&out_parts, &out_whole, "{:?}", config);
             prop_assert_eq!(format!("{:?}", parts.stats()), format!("{:?}", whole.stats()));
         }
