@@ -92,8 +92,9 @@ pub struct MultiCut {
     seg_from: u64,
     /// The last candidate of the segments' level, ending a segment or not.
     seg_cand: Option<u64>,
-    /// Scratch for a segment that spans the carry and the batch.
-    seg_joined: Vec<u8>,
+    /// The open segment's bytes from batches before the current one, hashed as they came:
+    /// a segment may be as long as an item (a run with no candidates), so it is never kept.
+    seg_open: xxhash_rust::xxh3::Xxh3,
 }
 
 impl MultiCut {
@@ -139,7 +140,7 @@ impl MultiCut {
             segs: Vec::new(),
             seg_from: 0,
             seg_cand: None,
-            seg_joined: Vec::new(),
+            seg_open: xxhash_rust::xxh3::Xxh3::new(),
             cuts,
             min_level,
             hash: 0,
@@ -214,19 +215,21 @@ impl MultiCut {
                 continue;
             }
             let base = self.batch_base;
-            let bytes = if self.seg_from >= base {
-                &data[(self.seg_from - base) as usize..(p - base) as usize]
+            let id = if self.seg_from >= base {
+                xxhash_rust::xxh3::xxh3_64(
+                    &data[(self.seg_from - base) as usize..(p - base) as usize],
+                )
             } else {
-                self.seg_joined.clear();
-                let from = (self.seg_from - self.carry_base) as usize;
-                self.seg_joined.extend_from_slice(&self.carry[from..]);
-                self.seg_joined
-                    .extend_from_slice(&data[..(p - base) as usize]);
-                &self.seg_joined
+                self.seg_open.update(&data[..(p - base) as usize]);
+                let id = self.seg_open.digest();
+                self.seg_open.reset();
+                id
             };
-            self.segs.push((p, xxhash_rust::xxh3::xxh3_64(bytes)));
+            self.segs.push((p, id));
             self.seg_from = p;
         }
+        let rest = self.seg_from.max(self.batch_base) - self.batch_base;
+        self.seg_open.update(&data[rest as usize..]);
     }
 
     /// Emits every chunk of size `i` that the data scanned so far decides: its stream
@@ -265,11 +268,7 @@ impl MultiCut {
 
     /// Keeps what pending chunks need from `data` (the batch just cut) and forgets the rest.
     pub fn end_batch(&mut self, data: &[u8]) {
-        let pending = self.pending_start();
-        let keep_from = match self.seg_level {
-            Some(_) => pending.min(self.seg_from),
-            None => pending,
-        };
+        let keep_from = self.pending_start();
         if keep_from >= self.batch_base {
             self.carry.clear();
             self.carry
@@ -284,7 +283,7 @@ impl MultiCut {
         self.cands.drain(..c);
         let e = self.ends.partition_point(|&e| e <= keep_from);
         self.ends.drain(..e);
-        let g = self.segs.partition_point(|&(end, _)| end <= pending);
+        let g = self.segs.partition_point(|&(end, _)| end <= keep_from);
         self.segs.drain(..g);
     }
 }
@@ -720,7 +719,8 @@ mod tests {
     #[test]
     fn ids_made_from_segments_depend_only_on_the_chunk() {
         let mut base = data(3 << 20, 21);
-        base[1_000_000..1_200_000].fill(7);
+        // A long run with no candidates makes one long segment, hashed as it streams.
+        base[1_000_000..1_900_000].fill(7);
         // A run whose every other byte is a candidate makes one segment, not 50 000.
         let dense = dense_pattern();
         for (k, b) in base[2_000_000..2_100_000].iter_mut().enumerate() {
@@ -761,6 +761,7 @@ mod tests {
                 }
                 mc.end_batch(&b.data);
                 assert!(mc.segs.len() < 5000, "{}", mc.segs.len());
+                assert!(mc.carry.len() <= 4 * (64 << 10), "{}", mc.carry.len());
             }
         }
         // The shifted copy shares most of its 64 KiB chunks with the original, by id.
