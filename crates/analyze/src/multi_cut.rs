@@ -95,6 +95,9 @@ pub struct MultiCut {
     /// The open segment's bytes from batches before the current one, hashed as they came:
     /// a segment may be as long as an item (a run with no candidates), so it is never kept.
     seg_open: xxhash_rust::xxh3::Xxh3,
+    /// The largest chunk of a size with segments: no chunk holds a longer segment whole, so
+    /// longer ones are not hashed at all.
+    seg_max: u64,
 }
 
 impl MultiCut {
@@ -133,6 +136,16 @@ impl MultiCut {
                 _ => false,
             })
             .collect();
+        let seg_max = cuts
+            .iter()
+            .zip(&from_segs)
+            .filter(|&(_, &f)| f)
+            .map(|(c, _)| match c {
+                Cut::Cdc { max, .. } => *max,
+                Cut::Fixed(size) => *size,
+            })
+            .max()
+            .unwrap_or(0);
         Ok(MultiCut {
             cursors: vec![Cursor::default(); cuts.len()],
             seg_level: seg_level.filter(|_| from_segs.contains(&true)),
@@ -141,6 +154,7 @@ impl MultiCut {
             seg_from: 0,
             seg_cand: None,
             seg_open: xxhash_rust::xxh3::Xxh3::new(),
+            seg_max,
             cuts,
             min_level,
             hash: 0,
@@ -215,7 +229,11 @@ impl MultiCut {
                 continue;
             }
             let base = self.batch_base;
-            let id = if self.seg_from >= base {
+            let id = if p - self.seg_from > self.seg_max {
+                // Never part of a chunk's id (see `seg_max`).
+                self.seg_open.reset();
+                0
+            } else if self.seg_from >= base {
                 xxhash_rust::xxh3::xxh3_64(
                     &data[(self.seg_from - base) as usize..(p - base) as usize],
                 )
@@ -228,8 +246,10 @@ impl MultiCut {
             self.segs.push((p, id));
             self.seg_from = p;
         }
-        let rest = self.seg_from.max(self.batch_base) - self.batch_base;
-        self.seg_open.update(&data[rest as usize..]);
+        if self.scanned - self.seg_from <= self.seg_max {
+            let rest = self.seg_from.max(self.batch_base) - self.batch_base;
+            self.seg_open.update(&data[rest as usize..]);
+        }
     }
 
     /// Emits every chunk of size `i` that the data scanned so far decides: its stream
