@@ -1206,6 +1206,10 @@ struct SimScope {
     head: Vec<u8>,
     cpu: f64,
     peak_index: u64,
+    /// Every unit id seen, however old, and the bytes of units seen before: those the window
+    /// did not reference (`ref_bytes` is the rest) were copies of data it had already dropped.
+    /// Known only where units come prepared (with several images).
+    history: Option<(IdSet, u64)>,
 }
 
 impl SimScope {
@@ -1223,6 +1227,7 @@ impl SimScope {
             head: Vec::new(),
             cpu: 0.0,
             peak_index: 0,
+            history: None,
         }
     }
 
@@ -1238,6 +1243,14 @@ impl SimScope {
         prepare_cpu: f64,
     ) {
         self.cpu += prepare_cpu;
+        if prepared.unit_fingerprints().next().is_some() {
+            let (seen, again) = self.history.get_or_insert_with(Default::default);
+            for (fp, len) in prepared.unit_fingerprints() {
+                if !seen.insert(fp.prefix_u64()) {
+                    *again += u64::from(len);
+                }
+            }
+        }
         let t0 = crate::cpu::thread_cpu_seconds();
         let parts = self
             .encoder
@@ -1259,6 +1272,10 @@ impl SimScope {
             index: self.peak_index,
             cpu: self.cpu,
             z_cpu: zcpu,
+            beyond_window: self
+                .history
+                .as_ref()
+                .map(|(_, again)| again.saturating_sub(s.ref_bytes)),
         }
     }
 }
@@ -1272,6 +1289,8 @@ struct SimTotals {
     index: u64,
     cpu: f64,
     z_cpu: f64,
+    /// Bytes of units that copied data older than the window (when known).
+    beyond_window: Option<u64>,
 }
 
 impl SimTotals {
@@ -1283,6 +1302,10 @@ impl SimTotals {
             index: index(self.index, o.index),
             cpu: self.cpu + o.cpu,
             z_cpu: self.z_cpu + o.z_cpu,
+            beyond_window: match (self.beyond_window, o.beyond_window) {
+                (Some(a), Some(b)) => Some(a + b),
+                (a, b) => a.or(b),
+            },
         }
     }
 }
@@ -1454,6 +1477,10 @@ impl Runner for SimilarityRunner {
         });
         let mut out = Vec::new();
         for (scope, t) in [("local", sum(&self.local_done)), ("global", sum(&global))] {
+            let mut params = params.clone();
+            if let Some(b) = t.beyond_window {
+                params["beyond_window_bytes"] = b.into();
+            }
             out.push(Measured {
                 name: "similarity".into(),
                 family: "similarity".into(),
@@ -1760,6 +1787,51 @@ mod tests {
             "{}",
             raw("global") / mib
         );
+    }
+
+    #[test]
+    fn similarity_counts_the_copies_of_data_its_window_had_dropped() {
+        // Image 0 is a; image 1 is b then a again: with a window smaller than b, a's
+        // second copy finds nothing in the global window, though it is a copy.
+        let (a, b) = (noise(3 << 20, 11), noise(3 << 20, 12));
+        let images = [vec![a.clone()], vec![b, a]];
+        let run = |window_bytes: u64| {
+            let opts = RunnerOptions {
+                several_images: true,
+                window_bytes,
+                ..opts()
+            };
+            let mut runner = SimilarityRunner::new(&opts).unwrap();
+            let mut seq = 0;
+            for (i, items) in images.iter().enumerate() {
+                for mut batch in test_batches(items, 1 << 20) {
+                    (batch.image, batch.seq) = (i, seq);
+                    seq += 1;
+                    runner.feed(&Arc::new(batch));
+                }
+            }
+            let m = Box::new(runner).finish();
+            let line = |scope: &str| {
+                m.iter()
+                    .find(|l| l.scope == scope && l.name == "similarity")
+                    .unwrap()
+                    .clone()
+            };
+            let beyond = |scope: &str| line(scope).params["beyond_window_bytes"].as_u64();
+            (
+                beyond("local"),
+                beyond("global"),
+                line("global").output_bytes,
+            )
+        };
+        let mib = 1u64 << 20;
+        let (local, global, small_out) = run(2 * mib);
+        assert_eq!(local, Some(0), "no image repeats itself");
+        let global = global.expect("known with several images");
+        assert!(global > 5 * mib / 2 && global <= 3 * mib, "{global}");
+        let (_, global_big, big_out) = run(1 << 30);
+        assert_eq!(global_big, Some(0));
+        assert!(small_out >= big_out + 5 * mib / 2, "{small_out} {big_out}");
     }
 
     #[test]

@@ -103,6 +103,7 @@ pub(crate) fn build(
         "speed is input MB per CPU second of one core on this machine; local scope deduplicates each image alone, global pools all images".into(),
         format!("similarity + delta uses a window of {} MiB of recent data as delta sources", opts.window_bytes >> 20),
     ];
+    notes.extend(window_notes(&methods, input_bytes, opts.window_bytes));
     if quick_sweep {
         notes.push(format!(
             "the input is over {} GiB, so exact dedup was measured at five chunk sizes (1, 4, 16, 64, 128 KiB); --methods all measures all eight",
@@ -128,6 +129,27 @@ pub(crate) fn build(
         notes,
         elapsed_s,
     }
+}
+
+/// A note for each similarity scope whose window was too small for more than 1% of the
+/// input: bytes that copied data older than the window, which a larger one would reference.
+fn window_notes(methods: &[MethodReport], input_bytes: u64, window: u64) -> Vec<String> {
+    methods
+        .iter()
+        .filter(|m| m.name == "similarity")
+        .filter_map(|m| {
+            let beyond = m.params.get("beyond_window_bytes")?.as_u64()?;
+            (beyond * 100 > input_bytes).then(|| {
+                format!(
+                    "similarity ({} scope): {} ({:.0}% of the input) copied data older than its {} MiB window, so it could not reference them; a larger --window (more memory) would",
+                    m.scope,
+                    human_bytes(beyond),
+                    100.0 * beyond as f64 / input_bytes.max(1) as f64,
+                    window >> 20
+                )
+            })
+        })
+        .collect()
 }
 
 /// Formats `n` bytes with a binary unit.
@@ -188,5 +210,46 @@ impl Report {
         s.push('\n');
         s.push_str(&self.recommendation.to_text());
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(name: &str, scope: &str, params: serde_json::Value) -> MethodReport {
+        MethodReport {
+            name: name.into(),
+            family: name.into(),
+            scope: scope.into(),
+            params,
+            output_bytes: 0,
+            ratio: 1.0,
+            index_bytes: 0,
+            mb_per_s: 1.0,
+            cpu_s_per_gb: 1.0,
+            rel_error: 0.0,
+        }
+    }
+
+    #[test]
+    fn a_window_too_small_for_over_one_percent_of_the_input_gets_a_note() {
+        let beyond = |b: u64| serde_json::json!({ "beyond_window_bytes": b });
+        let methods = [
+            line("similarity", "local", beyond(5 << 20)),
+            line("similarity", "global", beyond(300 << 20)),
+            line("similarity+zstd", "global", beyond(300 << 20)),
+            line("exact-cdc-4KiB", "global", serde_json::json!({})),
+        ];
+        let notes = window_notes(&methods, 1 << 30, 1 << 30);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].starts_with("similarity (global scope): 300.0 MiB (29% of the input)"),
+            "{}",
+            notes[0]
+        );
+        assert!(notes[0].contains("1024 MiB window"));
+        let unknown = [line("similarity", "global", serde_json::json!({}))];
+        assert!(window_notes(&unknown, 1 << 30, 1 << 30).is_empty());
     }
 }

@@ -113,6 +113,11 @@ impl Prepared {
         out
     }
 
+    /// Each unit's fingerprint and length, in order, for the units whose fingerprints are here.
+    pub fn unit_fingerprints(&self) -> impl Iterator<Item = (&Fingerprint, u32)> + '_ {
+        self.fps.iter().zip(self.lens.iter().copied())
+    }
+
     /// Appends the fingerprints and features of the units that follow those already here.
     pub fn append_units(&mut self, units: &PreparedUnits) {
         let base = self.feats.len() as u32;
