@@ -103,7 +103,7 @@ pub(crate) fn build(
         "speed is input MB per CPU second of one core on this machine; local scope deduplicates each image alone, global pools all images".into(),
         format!("similarity + delta uses a window of {} MiB of recent data as delta sources", opts.window_bytes >> 20),
     ];
-    notes.extend(window_notes(&methods, input_bytes, opts.window_bytes));
+    notes.extend(window_notes(&methods, input_bytes));
     if quick_sweep {
         notes.push(format!(
             "the input is over {} GiB, so exact dedup was measured at five chunk sizes (1, 4, 16, 64, 128 KiB); --methods all measures all eight",
@@ -133,12 +133,13 @@ pub(crate) fn build(
 
 /// A note for each similarity scope whose window was too small for more than 1% of the
 /// input: bytes that copied data older than the window, which a larger one would reference.
-fn window_notes(methods: &[MethodReport], input_bytes: u64, window: u64) -> Vec<String> {
+fn window_notes(methods: &[MethodReport], input_bytes: u64) -> Vec<String> {
     methods
         .iter()
         .filter(|m| m.name == "similarity")
         .filter_map(|m| {
             let beyond = m.params.get("beyond_window_bytes")?.as_u64()?;
+            let window = m.params.get("window_bytes")?.as_u64()?;
             (beyond * 100 > input_bytes).then(|| {
                 format!(
                     "similarity ({} scope): {} ({:.0}% of the input) copied data older than its {} MiB window, so it could not reference them; a larger --window (more memory) would",
@@ -209,6 +210,9 @@ impl Report {
         }
         s.push('\n');
         s.push_str(&self.recommendation.to_text());
+        for note in window_notes(&self.methods, self.input_bytes) {
+            let _ = writeln!(s, "note: {note}");
+        }
         s
     }
 }
@@ -234,14 +238,15 @@ mod tests {
 
     #[test]
     fn a_window_too_small_for_over_one_percent_of_the_input_gets_a_note() {
-        let beyond = |b: u64| serde_json::json!({ "beyond_window_bytes": b });
+        let beyond =
+            |b: u64| serde_json::json!({ "beyond_window_bytes": b, "window_bytes": 1u64 << 30 });
         let methods = [
             line("similarity", "local", beyond(5 << 20)),
             line("similarity", "global", beyond(300 << 20)),
             line("similarity+zstd", "global", beyond(300 << 20)),
             line("exact-cdc-4KiB", "global", serde_json::json!({})),
         ];
-        let notes = window_notes(&methods, 1 << 30, 1 << 30);
+        let notes = window_notes(&methods, 1 << 30);
         assert_eq!(notes.len(), 1, "{notes:?}");
         assert!(
             notes[0].starts_with("similarity (global scope): 300.0 MiB (29% of the input)"),
@@ -250,6 +255,6 @@ mod tests {
         );
         assert!(notes[0].contains("1024 MiB window"));
         let unknown = [line("similarity", "global", serde_json::json!({}))];
-        assert!(window_notes(&unknown, 1 << 30, 1 << 30).is_empty());
+        assert!(window_notes(&unknown, 1 << 30).is_empty());
     }
 }
