@@ -1751,6 +1751,19 @@ mod tests {
         assert!(e.rel_error > 0.0 && (e.rel_error - z.rel_error).abs() < 0.01 * z.rel_error);
     }
 
+    /// Feeds `images` (each a list of items) to `runner` in 1 MiB batches, numbered across
+    /// images.
+    fn feed_images(runner: &mut dyn Runner, images: &[Vec<Vec<u8>>]) {
+        let mut seq = 0;
+        for (i, items) in images.iter().enumerate() {
+            for mut batch in test_batches(items, 1 << 20) {
+                (batch.image, batch.seq) = (i, seq);
+                seq += 1;
+                runner.feed(&Arc::new(batch));
+            }
+        }
+    }
+
     #[test]
     fn global_scope_forks_from_local_after_the_first_image() {
         let (a, b) = (noise(2 << 20, 5), noise(2 << 20, 6));
@@ -1760,14 +1773,7 @@ mod tests {
             ..opts()
         };
         let mut runner = ExactRunner::new(&[ChunkerSpec::cdc(4096)], &opts).unwrap();
-        let mut seq = 0;
-        for (i, items) in images.iter().enumerate() {
-            for mut batch in test_batches(items, 1 << 20) {
-                (batch.image, batch.seq) = (i, seq);
-                seq += 1;
-                runner.feed(&Arc::new(batch));
-            }
-        }
+        feed_images(&mut runner, &images);
         let m = Box::new(runner).finish();
         let raw = |scope: &str| {
             m.iter()
@@ -1802,14 +1808,7 @@ mod tests {
                 ..opts()
             };
             let mut runner = SimilarityRunner::new(&opts).unwrap();
-            let mut seq = 0;
-            for (i, items) in images.iter().enumerate() {
-                for mut batch in test_batches(items, 1 << 20) {
-                    (batch.image, batch.seq) = (i, seq);
-                    seq += 1;
-                    runner.feed(&Arc::new(batch));
-                }
-            }
+            feed_images(&mut runner, &images);
             let m = Box::new(runner).finish();
             let line = |scope: &str| {
                 m.iter()
