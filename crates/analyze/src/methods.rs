@@ -1208,7 +1208,7 @@ struct SimScope {
     peak_index: u64,
     /// Every unit id seen, however old, and the bytes of units seen before: those the window
     /// did not reference (`ref_bytes` is the rest) were copies of data it had already dropped.
-    /// Known only where units come prepared (with several images).
+    /// Known where units come with their fingerprints (always, from the runner).
     history: Option<(IdSet, u64)>,
 }
 
@@ -1419,14 +1419,12 @@ impl Runner for SimilarityRunner {
             * batch.data.len() as f64;
         let owner: SharedBytes = batch.clone();
         let Some(global) = &self.global else {
-            // One scope: the encoder cuts as it encodes (an empty preparation describes no
-            // items) and computes features only for units it does not find whole.
-            local.feed(
-                (&owner, batch.seq),
-                &items,
-                &Prepared::default(),
-                prepare_cpu,
-            );
+            // One scope: the encoder computes features only for units it does not find whole.
+            let mut prepared = Prepared::default();
+            charge(&mut prepare_cpu, || {
+                local.encoder.prepare_fingerprints(&items, &mut prepared)
+            });
+            local.feed((&owner, batch.seq), &items, &prepared, prepare_cpu);
             return;
         };
         let mut prepared = Prepared::default();
@@ -1793,6 +1791,20 @@ mod tests {
             "{}",
             raw("global") / mib
         );
+    }
+
+    #[test]
+    fn one_image_alone_also_counts_copies_its_window_had_dropped() {
+        let (a, b) = (noise(3 << 20, 13), noise(3 << 20, 14));
+        let opts = RunnerOptions {
+            window_bytes: 2 << 20,
+            ..opts()
+        };
+        let mut runner = SimilarityRunner::new(&opts).unwrap();
+        feed_images(&mut runner, &[vec![a.clone(), b, a]]);
+        let m = Box::new(runner).finish();
+        let beyond = m[0].params["beyond_window_bytes"].as_u64().unwrap();
+        assert!(beyond > 5 << 19 && beyond <= 3 << 20, "{beyond}");
     }
 
     #[test]

@@ -287,6 +287,12 @@ impl Encoder {
         p.content = content.digest();
     }
 
+    /// The cuts and fingerprints of `items` without features: an encoder given them computes a
+    /// unit's features only where it does not find the unit whole.
+    pub fn prepare_fingerprints(&mut self, items: &[&[u8]], p: &mut Prepared) {
+        self.prepare_into(items, false, p);
+    }
+
     /// The per-unit part of [`Encoder::prepare`], which needs no encoder state.
     pub fn unit_prep(&self) -> UnitPrep {
         UnitPrep {
