@@ -1206,10 +1206,11 @@ struct SimScope {
     head: Vec<u8>,
     cpu: f64,
     peak_index: u64,
-    /// Every unit id seen, however old, and the bytes of units seen before: those the window
-    /// did not reference (`ref_bytes` is the rest) were copies of data it had already dropped.
-    /// Known where units come with their fingerprints (always, from the runner).
-    history: Option<(IdSet, u64)>,
+    /// Every unit id seen, however old.
+    seen: IdSet,
+    /// Bytes of units seen before: those the window did not reference (`ref_bytes` is the
+    /// rest) were copies of data it had already dropped.
+    repeated_bytes: u64,
 }
 
 impl SimScope {
@@ -1227,7 +1228,8 @@ impl SimScope {
             head: Vec::new(),
             cpu: 0.0,
             peak_index: 0,
-            history: None,
+            seen: IdSet::default(),
+            repeated_bytes: 0,
         }
     }
 
@@ -1243,12 +1245,9 @@ impl SimScope {
         prepare_cpu: f64,
     ) {
         self.cpu += prepare_cpu;
-        if prepared.unit_fingerprints().next().is_some() {
-            let (seen, again) = self.history.get_or_insert_with(Default::default);
-            for (fp, len) in prepared.unit_fingerprints() {
-                if !seen.insert(fp.prefix_u64()) {
-                    *again += u64::from(len);
-                }
+        for (fp, len) in prepared.unit_fingerprints() {
+            if !self.seen.insert(fp.prefix_u64()) {
+                self.repeated_bytes += u64::from(len);
             }
         }
         let t0 = crate::cpu::thread_cpu_seconds();
@@ -1272,10 +1271,7 @@ impl SimScope {
             index: self.peak_index,
             cpu: self.cpu,
             z_cpu: zcpu,
-            beyond_window: self
-                .history
-                .as_ref()
-                .map(|(_, again)| again.saturating_sub(s.ref_bytes)),
+            beyond_window: self.repeated_bytes.saturating_sub(s.ref_bytes),
         }
     }
 }
@@ -1289,8 +1285,8 @@ struct SimTotals {
     index: u64,
     cpu: f64,
     z_cpu: f64,
-    /// Bytes of units that copied data older than the window (when known).
-    beyond_window: Option<u64>,
+    /// Bytes of units that copied data older than the window.
+    beyond_window: u64,
 }
 
 impl SimTotals {
@@ -1302,10 +1298,7 @@ impl SimTotals {
             index: index(self.index, o.index),
             cpu: self.cpu + o.cpu,
             z_cpu: self.z_cpu + o.z_cpu,
-            beyond_window: match (self.beyond_window, o.beyond_window) {
-                (Some(a), Some(b)) => Some(a + b),
-                (a, b) => a.or(b),
-            },
+            beyond_window: self.beyond_window + o.beyond_window,
         }
     }
 }
@@ -1476,9 +1469,7 @@ impl Runner for SimilarityRunner {
         let mut out = Vec::new();
         for (scope, t) in [("local", sum(&self.local_done)), ("global", sum(&global))] {
             let mut params = params.clone();
-            if let Some(b) = t.beyond_window {
-                params["beyond_window_bytes"] = b.into();
-            }
+            params["beyond_window_bytes"] = t.beyond_window.into();
             out.push(Measured {
                 name: "similarity".into(),
                 family: "similarity".into(),
@@ -1838,7 +1829,7 @@ mod tests {
         let mib = 1u64 << 20;
         let (local, global, small_out) = run(2 * mib);
         assert_eq!(local, Some(0), "no image repeats itself");
-        let global = global.expect("known with several images");
+        let global = global.unwrap();
         assert!(global > 5 * mib / 2 && global <= 3 * mib, "{global}");
         let (_, global_big, big_out) = run(1 << 30);
         assert_eq!(global_big, Some(0));
