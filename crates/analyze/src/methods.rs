@@ -19,7 +19,7 @@ use dedupwire_engine::compress::{Compression, Compressor};
 use dedupwire_engine::exact_index::PassThrough;
 use dedupwire_engine::fingerprint::Fingerprinter;
 use dedupwire_engine::pipeline::{
-    Encoder, PipelineConfig, Prepared, PreparedUnits, SharedBytes, UnitPrep,
+    Encoder, PipelineConfig, Prepared, PreparedUnits, SharedBytes, UnitPrep, UnitStore,
 };
 use serde::Serialize;
 
@@ -1166,6 +1166,8 @@ struct SimilarityRunner {
     /// The global scope encodes on its own thread, from the batches and the cuts,
     /// fingerprints and features this one prepared for both scopes.
     global: Option<GlobalSim>,
+    /// The units both scopes' windows hold, each kept once (with several images).
+    store: Option<Arc<UnitStore>>,
     local_done: [SimTotals; 2],
     input_bytes: u64,
 }
@@ -1180,7 +1182,7 @@ struct GlobalSim {
 }
 
 impl GlobalSim {
-    fn start(every: u64, on_top: Compression, memo: Memo) -> Self {
+    fn start(every: u64, on_top: Compression, memo: Memo, store: Arc<UnitStore>) -> Self {
         let (tx, rx) = sync_channel::<GlobalJob>(4);
         let handle = std::thread::spawn(move || {
             let mut scopes: [Option<SimScope>; 2] = [None, None];
@@ -1188,7 +1190,9 @@ impl GlobalSim {
                 let items: Vec<&[u8]> = batch.pieces.iter().map(|p| batch.bytes(p)).collect();
                 let owner: SharedBytes = batch.clone();
                 scopes[slot]
-                    .get_or_insert_with(|| SimScope::new(config, every, on_top, &memo))
+                    .get_or_insert_with(|| {
+                        SimScope::new(config, every, on_top, &memo, Some(&store))
+                    })
                     .feed((&owner, batch.seq), &items, &prepared, prepare_cpu);
             }
             scopes
@@ -1214,16 +1218,26 @@ struct SimScope {
 }
 
 impl SimScope {
-    fn new(config: PipelineConfig, every: u64, on_top: Compression, memo: &Memo) -> Self {
+    fn new(
+        config: PipelineConfig,
+        every: u64,
+        on_top: Compression,
+        memo: &Memo,
+        store: Option<&Arc<UnitStore>>,
+    ) -> Self {
         let config = PipelineConfig {
             compression: Compression::None,
             ..config
         };
+        let mut encoder = Encoder::new(config)
+            .expect("built-in configurations are valid")
+            .with_fingerprinter(Fingerprinter::estimate())
+            .without_content_hash();
+        if let Some(store) = store {
+            encoder = encoder.with_unit_store(Arc::clone(store));
+        }
         SimScope {
-            encoder: Encoder::new(config)
-                .expect("built-in configurations are valid")
-                .with_fingerprinter(Fingerprinter::estimate())
-                .without_content_hash(),
+            encoder,
             residual: Residual::new(every, on_top, memo),
             head: Vec::new(),
             cpu: 0.0,
@@ -1351,13 +1365,15 @@ fn prepare_units(prep: &UnitPrep, units: &[&[u8]]) -> Vec<(PreparedUnits, f64)> 
 
 impl SimilarityRunner {
     fn new(opts: &RunnerOptions) -> Result<Self, AnalyzeError> {
+        let store = opts.several_images.then(Arc::<UnitStore>::default);
         Ok(SimilarityRunner {
             opts: opts.clone(),
             image: None,
             local: [None, None],
-            global: opts
-                .several_images
-                .then(|| GlobalSim::start(opts.compress_every, opts.on_top, opts.memo.clone())),
+            global: store.clone().map(|store| {
+                GlobalSim::start(opts.compress_every, opts.on_top, opts.memo.clone(), store)
+            }),
+            store,
             local_done: [SimTotals::default(); 2],
             input_bytes: 0,
         })
@@ -1397,8 +1413,9 @@ impl Runner for SimilarityRunner {
         let config = self.config(batch.kind);
         let (every, on_top) = (self.opts.compress_every, self.opts.on_top);
         let memo = &self.opts.memo;
-        let local =
-            self.local[slot].get_or_insert_with(|| SimScope::new(config, every, on_top, memo));
+        let store = self.store.as_ref();
+        let local = self.local[slot]
+            .get_or_insert_with(|| SimScope::new(config, every, on_top, memo, store));
         // The ids are xxh3 (an estimate needs no collision resistance); a deployment's BLAKE3
         // is charged at its measured cost for units of this size instead.
         let unit_bytes = match config.chunker {

@@ -152,6 +152,39 @@ proptest! {
     }
 
     #[test]
+    fn encoders_sharing_a_unit_store_write_the_streams_they_write_alone(items in revisions(), split in 0usize..12) {
+        use dedupwire_engine::pipeline::{Encoder, Prepared, UnitStore};
+        use std::sync::Arc;
+        for config in configs() {
+            // Two scopes over the same batches, the second with a smaller window and seeing
+            // every other batch only, so that each holds units the other does not.
+            let narrow = PipelineConfig { window_bytes: config.window_bytes / 3 + 1, ..config };
+            let store = Arc::new(UnitStore::default());
+            let mut alone = [Encoder::new(config).unwrap(), Encoder::new(narrow).unwrap()];
+            let mut stored = [config, narrow]
+                .map(|c| Encoder::new(c).unwrap().with_unit_store(Arc::clone(&store)));
+            let mut outs: [Vec<u8>; 4] = Default::default();
+            let mut prepared = Prepared::default();
+            let mut n = 0;
+            in_shared_batches(&items, split, |owner, slices| {
+                let scopes = if n % 2 == 0 { 0..2 } else { 0..1 };
+                n += 1;
+                stored[0].prepare(slices, &mut prepared);
+                for k in scopes {
+                    alone[k].encode_frame(slices, &mut outs[k]);
+                    stored[k].encode_prepared_from(owner, slices, &prepared, &mut outs[2 + k]);
+                }
+            });
+            prop_assert_eq!(&outs[2], &outs[0], "{:?}", config);
+            prop_assert_eq!(&outs[3], &outs[1], "{:?}", narrow);
+            let mut stream = Vec::new();
+            stored[0].write_header(&mut stream);
+            stream.extend_from_slice(&outs[2]);
+            prop_assert_eq!(&decode_all(&stream).unwrap(), &items);
+        }
+    }
+
+    #[test]
     fn frames_handed_over_in_parts_are_the_frames(items in revisions(), split in 0usize..12) {
         use dedupwire_engine::pipeline::{Encoder, Prepared};
         for config in configs() {

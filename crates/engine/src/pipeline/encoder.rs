@@ -1,10 +1,11 @@
 //! The pipeline encoder.
 
 use serde::Serialize;
+use std::sync::Arc;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::format::*;
-use super::window::{SharedBytes, Unit, Window};
+use super::window::{SharedBytes, Unit, UnitStore, Window};
 use super::{PipelineConfig, Similarity};
 use crate::chunk::{chunks, Chunker};
 use crate::compress::{Compression, Compressor};
@@ -64,6 +65,8 @@ pub struct Encoder {
     prepared: Prepared,
     /// Whether frames carry their content's xxh3 (see [`Encoder::without_content_hash`]).
     content_hash: bool,
+    /// Where the window's units are kept when other encoders share them.
+    store: Option<Arc<UnitStore>>,
 }
 
 /// Cuts, fingerprints and similarity features of a batch of items: see [`Encoder::prepare`].
@@ -219,6 +222,7 @@ impl Encoder {
             scratch: Vec::new(),
             prepared: Prepared::default(),
             content_hash: true,
+            store: None,
             config,
         })
     }
@@ -235,6 +239,14 @@ impl Encoder {
     /// the content hash's cost itself. Such a stream does not decode.
     pub fn without_content_hash(mut self) -> Self {
         self.content_hash = false;
+        self
+    }
+
+    /// This encoder keeping its window's units in `store`, shared with the other encoders given
+    /// it, instead of in the buffers its items lie in: an analysis running several scopes
+    /// over the same data holds each unit once. The stream is the same.
+    pub fn with_unit_store(mut self, store: Arc<UnitStore>) -> Self {
+        self.store = Some(store);
         self
     }
 
@@ -481,7 +493,11 @@ impl Encoder {
             self.stats.literals += 1;
             self.stats.literal_bytes += unit.len() as u64;
         }
-        let id = self.window.push(Unit::of(unit, owner));
+        let held = match &self.store {
+            Some(store) => store.hold(unit, fp.prefix_u64()),
+            None => Unit::of(unit, owner),
+        };
+        let id = self.window.push(held);
         self.exact.insert(fp, id);
         if !features.is_empty() {
             self.candidates.insert(id, features);

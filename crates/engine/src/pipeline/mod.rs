@@ -21,7 +21,7 @@ mod window;
 
 pub use self::decoder::Decoder;
 pub use self::encoder::{EncodeStats, Encoder, Prepared, PreparedUnits, UnitPrep};
-pub use self::window::SharedBytes;
+pub use self::window::{SharedBytes, UnitStore};
 
 use serde::{Deserialize, Serialize};
 

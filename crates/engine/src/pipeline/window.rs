@@ -1,8 +1,8 @@
 //! The window of recent units both sides keep, evicted oldest-first by bytes.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 /// A buffer several holders share: the encoder's window may keep parts of it instead of
 /// copies (see [`super::Encoder::encode_prepared_from`]).
@@ -39,6 +39,48 @@ impl Unit {
             Unit::Owned(v) => v.len(),
             Unit::Shared(_, range) => range.len(),
         }
+    }
+}
+
+/// Copies of units that several encoders' windows hold, by fingerprint: an encoder given
+/// one (see [`super::Encoder::with_unit_store`]) keeps each unit as its own copy, shared with
+/// any other window holding the same bytes, and pins no input buffer. An analysis running
+/// two scopes over the same data then holds each byte once.
+#[derive(Default)]
+pub struct UnitStore {
+    held: Mutex<StoreMap>,
+}
+
+#[derive(Default)]
+struct StoreMap {
+    copies: HashMap<u64, Weak<Vec<u8>>>,
+    /// Entries at the last sweep of dropped copies.
+    swept_at: usize,
+}
+
+impl std::fmt::Debug for UnitStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UnitStore").finish_non_exhaustive()
+    }
+}
+
+impl UnitStore {
+    /// `unit` (fingerprint prefix `key`) as a held copy: one another window holds if its
+    /// bytes are the same, else a new one, remembered for the others.
+    pub(super) fn hold(&self, unit: &[u8], key: u64) -> Unit {
+        let mut map = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(copy) = map.copies.get(&key).and_then(Weak::upgrade) {
+            if copy.as_slice() == unit {
+                return Unit::Shared(copy, 0..unit.len());
+            }
+        }
+        let copy = Arc::new(unit.to_vec());
+        map.copies.insert(key, Arc::downgrade(&copy));
+        if map.copies.len() >= 2 * map.swept_at.max(1 << 16) {
+            map.copies.retain(|_, w| w.strong_count() > 0);
+            map.swept_at = map.copies.len();
+        }
+        Unit::Shared(copy, 0..unit.len())
     }
 }
 
@@ -163,6 +205,36 @@ mod tests {
         assert!(matches!(w.units[2], Unit::Shared(..)));
         assert_eq!(Arc::strong_count(&owner), 2);
         assert_eq!(w.get(first), Some(&[9u8; 30][..]));
+    }
+
+    #[test]
+    fn windows_given_one_store_hold_each_unit_once() {
+        let store = UnitStore::default();
+        let (mut a, mut b) = (Window::new(100), Window::new(100));
+        let ia = a.push(store.hold(b"same", 1));
+        let ib = b.push(store.hold(b"same", 1));
+        let other = b.push(store.hold(b"else", 1));
+        let (Unit::Shared(x, _), Unit::Shared(y, _)) = (&a.units[0], &b.units[0]) else {
+            panic!("stored units are shared");
+        };
+        assert!(Arc::ptr_eq(x, y), "identical bytes are held once");
+        assert_eq!(
+            (a.get(ia), b.get(ib)),
+            (Some(&b"same"[..]), Some(&b"same"[..]))
+        );
+        assert_eq!(
+            b.get(other),
+            Some(&b"else"[..]),
+            "a key collision gets its own copy"
+        );
+        drop((a, b));
+        let mut c = Window::new(100);
+        let ic = c.push(store.hold(b"same", 1));
+        assert_eq!(
+            c.get(ic),
+            Some(&b"same"[..]),
+            "a dropped copy is made again"
+        );
     }
 
     #[test]
