@@ -68,19 +68,27 @@ impl UnitStore {
     /// `unit` (fingerprint prefix `key`) as a held copy: one another window holds if its
     /// bytes are the same, else a new one, remembered for the others.
     pub(super) fn hold(&self, unit: &[u8], key: u64) -> Unit {
-        let mut map = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(copy) = map.copies.get(&key).and_then(Weak::upgrade) {
-            if copy.as_slice() == unit {
-                return Unit::Shared(copy, 0..unit.len());
-            }
+        let found = self.map().copies.get(&key).and_then(Weak::upgrade);
+        if let Some(copy) = found.filter(|c| c.as_slice() == unit) {
+            return Unit::Shared(copy, 0..unit.len());
         }
         let copy = Arc::new(unit.to_vec());
+        let mut map = self.map();
+        // The other encoder may have stored the same unit meanwhile.
+        let raced = map.copies.get(&key).and_then(Weak::upgrade);
+        if let Some(theirs) = raced.filter(|c| c.as_slice() == unit) {
+            return Unit::Shared(theirs, 0..unit.len());
+        }
         map.copies.insert(key, Arc::downgrade(&copy));
         if map.copies.len() >= 2 * map.swept_at.max(1 << 16) {
             map.copies.retain(|_, w| w.strong_count() > 0);
             map.swept_at = map.copies.len();
         }
         Unit::Shared(copy, 0..unit.len())
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, StoreMap> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
