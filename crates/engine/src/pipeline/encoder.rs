@@ -403,8 +403,7 @@ impl Encoder {
             self.stats.input_bytes += item.len() as u64;
         }
         if let Some(owner) = owner {
-            self.window
-                .own_if_sparse(first_new, (**owner).as_ref().len());
+            self.window.own_if_sparse(first_new, owner);
         }
         prepared.content
     }

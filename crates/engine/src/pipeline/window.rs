@@ -68,15 +68,13 @@ impl UnitStore {
     /// `unit` (fingerprint prefix `key`) as a held copy: one another window holds if its
     /// bytes are the same, else a new one, remembered for the others.
     pub(super) fn hold(&self, unit: &[u8], key: u64) -> Unit {
-        let found = self.map().copies.get(&key).and_then(Weak::upgrade);
-        if let Some(copy) = found.filter(|c| c.as_slice() == unit) {
-            return Unit::Shared(copy, 0..unit.len());
+        if let Some(held) = Self::held_copy(&self.map(), unit, key) {
+            return Unit::Shared(held, 0..unit.len());
         }
         let copy = Arc::new(unit.to_vec());
         let mut map = self.map();
         // The other encoder may have stored the same unit meanwhile.
-        let raced = map.copies.get(&key).and_then(Weak::upgrade);
-        if let Some(theirs) = raced.filter(|c| c.as_slice() == unit) {
+        if let Some(theirs) = Self::held_copy(&map, unit, key) {
             return Unit::Shared(theirs, 0..unit.len());
         }
         map.copies.insert(key, Arc::downgrade(&copy));
@@ -87,9 +85,20 @@ impl UnitStore {
         Unit::Shared(copy, 0..unit.len())
     }
 
+    /// The live copy under `key`, if it holds `unit`'s bytes.
+    fn held_copy(map: &StoreMap, unit: &[u8], key: u64) -> Option<Arc<Vec<u8>>> {
+        let copy = map.copies.get(&key)?.upgrade()?;
+        (copy.as_slice() == unit).then_some(copy)
+    }
+
     fn map(&self) -> std::sync::MutexGuard<'_, StoreMap> {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Whether `a` and `b` are the same buffer (their data, whatever their vtables).
+fn same_buffer(a: &SharedBytes, b: &SharedBytes) -> bool {
+    std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
 }
 
 /// Units numbered from 0 in arrival order; those still held are `first..next`.
@@ -144,24 +153,26 @@ impl Window {
         id
     }
 
-    /// Copies the shared units from `from` on out of their buffers unless they hold at least
-    /// half of `owner_len` bytes: a buffer pinned for a few units (a batch of mostly duplicates)
-    /// would hold far more memory than the window counts.
-    pub(super) fn own_if_sparse(&mut self, from: u64, owner_len: usize) {
+    /// Copies the units from `from` on that lie in `owner` out of it unless they hold at least
+    /// half of it: a buffer pinned for a few units (a batch of mostly duplicates) would hold
+    /// far more memory than the window counts. Units in other buffers (a [`UnitStore`]'s
+    /// copies) stay shared.
+    pub(super) fn own_if_sparse(&mut self, from: u64, owner: &SharedBytes) {
         let skip = usize::try_from(from.saturating_sub(self.first))
             .unwrap_or(usize::MAX)
             .min(self.units.len());
-        let shared: usize = self
+        let in_owner = |u: &Unit| matches!(u, Unit::Shared(b, _) if same_buffer(b, owner));
+        let pinned: usize = self
             .units
             .range(skip..)
-            .filter(|u| matches!(u, Unit::Shared(..)))
+            .filter(|u| in_owner(u))
             .map(Unit::len)
             .sum();
-        if shared == 0 || shared * 2 >= owner_len {
+        if pinned == 0 || pinned * 2 >= (**owner).as_ref().len() {
             return;
         }
         for unit in self.units.range_mut(skip..) {
-            if let Unit::Shared(..) = unit {
+            if in_owner(unit) {
                 *unit = Unit::Owned(unit.bytes().to_vec());
             }
         }
@@ -206,13 +217,33 @@ mod tests {
         let mut w = Window::new(1000);
         let first = w.push(Unit::of(&bytes[..30], Some(&owner)));
         w.push(Unit::of(&bytes[50..60], Some(&owner)));
-        w.own_if_sparse(first, bytes.len());
+        w.own_if_sparse(first, &owner);
         assert!(w.units.iter().all(|u| matches!(u, Unit::Owned(_))));
         let next = w.push(Unit::of(&bytes[..60], Some(&owner)));
-        w.own_if_sparse(next, bytes.len());
+        w.own_if_sparse(next, &owner);
         assert!(matches!(w.units[2], Unit::Shared(..)));
         assert_eq!(Arc::strong_count(&owner), 2);
         assert_eq!(w.get(first), Some(&[9u8; 30][..]));
+    }
+
+    #[test]
+    fn a_sparse_buffer_gives_up_its_units_but_store_copies_stay_shared() {
+        let store = UnitStore::default();
+        let owner: SharedBytes = Arc::new(vec![7u8; 100]);
+        let mut w = Window::new(1000);
+        let first = w.push(store.hold(b"stored", 1));
+        w.push(Unit::of(&(*owner).as_ref()[..10], Some(&owner)));
+        w.own_if_sparse(first, &owner);
+        assert!(
+            matches!(w.units[0], Unit::Shared(..)),
+            "the store's copy is not duplicated"
+        );
+        assert!(matches!(w.units[1], Unit::Owned(_)));
+        assert_eq!(
+            Arc::strong_count(&owner),
+            1,
+            "the sparse buffer is not pinned"
+        );
     }
 
     #[test]
