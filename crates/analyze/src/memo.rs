@@ -9,7 +9,8 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use dedupwire_engine::compress::{Compression, Compressor};
 
@@ -20,13 +21,25 @@ const MAX_ENTRIES: usize = 1 << 20;
 
 type Key = (Compression, usize, u128);
 
+/// One compression's length and CPU seconds, filled by the first stream to ask for it.
+type Entry = Arc<OnceLock<(usize, f64)>>;
+
 /// Compressed lengths and their CPU seconds, by method and content, shared by all runners.
+///
+/// Runners work on the same input batch at about the same moment, so a second request often
+/// comes while the first is still compressing: it waits for that result instead of compressing
+/// the same bytes again (on the five Debian images, a sixth of the zstd-3 bytes were compressed
+/// twice that way).
 #[derive(Clone, Default)]
-pub struct Memo(Arc<Mutex<HashMap<Key, (usize, f64)>>>);
+pub struct Memo {
+    map: Arc<Mutex<HashMap<Key, Entry>>>,
+    /// Compressions actually run.
+    runs: Arc<AtomicU64>,
+}
 
 impl fmt::Debug for Memo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let n = self.0.lock().map_or(0, |m| m.len());
+        let n = self.map.lock().map_or(0, |m| m.len());
         f.debug_struct("Memo").field("entries", &n).finish()
     }
 }
@@ -35,11 +48,18 @@ impl Memo {
     /// Compressions remembered.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.0.lock().expect("no panics while held").len()
+        self.map.lock().expect("no panics while held").len()
     }
 
-    /// Compresses `data` with `c` (into `scratch`) unless it was compressed before, adds the
-    /// CPU seconds the compression took to `cpu`, and returns the compressed length.
+    /// Compressions run so far (requests answered from the memo not counted).
+    #[cfg(test)]
+    pub(crate) fn runs(&self) -> u64 {
+        self.runs.load(Ordering::Relaxed)
+    }
+
+    /// Compresses `data` with `c` (into `scratch`) unless it was compressed before or is being
+    /// compressed now, adds the CPU seconds the compression took to `cpu`, and returns the
+    /// compressed length.
     pub fn compress(
         &self,
         c: &mut Compressor,
@@ -48,17 +68,25 @@ impl Memo {
         cpu: &mut f64,
     ) -> usize {
         let key = (c.method(), data.len(), xxhash_rust::xxh3::xxh3_128(data));
-        if let Some(&(len, secs)) = self.0.lock().expect("no panics while held").get(&key) {
-            *cpu += secs;
-            return len;
-        }
-        let mut secs = 0.0;
-        let len = charge(&mut secs, || c.compress_reusing(data, scratch));
+        let entry = {
+            let mut map = self.map.lock().expect("no panics while held");
+            match map.get(&key) {
+                Some(e) => Some(Arc::clone(e)),
+                None if map.len() < MAX_ENTRIES => Some(Arc::clone(map.entry(key).or_default())),
+                None => None,
+            }
+        };
+        let mut measure = || {
+            self.runs.fetch_add(1, Ordering::Relaxed);
+            let mut secs = 0.0;
+            let len = charge(&mut secs, || c.compress_reusing(data, scratch));
+            (len, secs)
+        };
+        let (len, secs) = match entry {
+            Some(e) => *e.get_or_init(&mut measure),
+            None => measure(),
+        };
         *cpu += secs;
-        let mut map = self.0.lock().expect("no panics while held");
-        if map.len() < MAX_ENTRIES {
-            map.insert(key, (len, secs));
-        }
         len
     }
 }
@@ -85,6 +113,33 @@ mod tests {
         let mut other = data.clone();
         other[5] ^= 1;
         memo.compress(&mut c, &other, &mut scratch, &mut 0.0);
-        assert_eq!(memo.0.lock().unwrap().len(), 3);
+        assert_eq!(memo.map.lock().unwrap().len(), 3);
+        assert_eq!(memo.runs(), 3);
+    }
+
+    #[test]
+    fn streams_asking_at_once_wait_for_one_compression() {
+        let memo = Memo::default();
+        let data: Vec<u8> = (0..4u32 << 20)
+            .map(|i| (i.wrapping_mul(i) >> 7) as u8)
+            .collect();
+        let start = std::sync::Barrier::new(4);
+        let sizes: Vec<(usize, f64)> = std::thread::scope(|s| {
+            let jobs: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut c = Compressor::new(Compression::Zstd(3));
+                        let mut cpu = 0.0;
+                        start.wait();
+                        let len = memo.compress(&mut c, &data, &mut Vec::new(), &mut cpu);
+                        (len, cpu)
+                    })
+                })
+                .collect();
+            jobs.into_iter().map(|j| j.join().unwrap()).collect()
+        });
+        assert_eq!(memo.runs(), 1);
+        assert!(sizes.iter().all(|&s| s == sizes[0]), "{sizes:?}");
+        assert_eq!(sizes[0].0, Compression::Zstd(3).compress(&data).len());
     }
 }
