@@ -187,7 +187,11 @@ proptest! {
     #[test]
     fn frames_handed_over_in_parts_are_the_frames(items in revisions(), split in 0usize..12) {
         use dedupwire_engine::pipeline::{Encoder, Prepared};
-        for config in configs() {
+        let plain = configs().into_iter().map(|c| PipelineConfig {
+            compression: Compression::None,
+            ..c
+        });
+        for config in configs().into_iter().chain(plain) {
             let mut whole = Encoder::new(config).unwrap();
             let mut parts = Encoder::new(config).unwrap();
             let (mut out_whole, mut out_parts, mut head) = (Vec::new(), Vec::new(), Vec::new());

@@ -60,6 +60,12 @@ pub struct Encoder {
     compressor: Compressor,
     ops: Vec<u8>,
     payload: Vec<u8>,
+    /// While encoding for [`Encoder::encode_prepared_parts`]: literal units stay in the items
+    /// and the payload is the list of these pieces, in order.
+    gather: bool,
+    pieces: Vec<Piece>,
+    /// Bytes of literal units left in the items while gathering.
+    gathered: usize,
     body: Vec<u8>,
     scratch: Vec<u8>,
     prepared: Prepared,
@@ -67,6 +73,44 @@ pub struct Encoder {
     content_hash: bool,
     /// Where the window's units are kept when other encoders share them.
     store: Option<Arc<UnitStore>>,
+}
+
+/// A run of the payload when literal units are not copied: bytes of an item, or of `payload`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Piece {
+    Item {
+        item: usize,
+        start: usize,
+        end: usize,
+    },
+    Own {
+        start: usize,
+        end: usize,
+    },
+}
+
+impl Piece {
+    /// Joins `next` onto `self` when it continues the same bytes.
+    fn extend(&mut self, next: Piece) -> bool {
+        match (self, next) {
+            (
+                Piece::Item { item, end, .. },
+                Piece::Item {
+                    item: i,
+                    start,
+                    end: e,
+                },
+            ) if *item == i && *end == start => {
+                *end = e;
+                true
+            }
+            (Piece::Own { end, .. }, Piece::Own { start, end: e }) if *end == start => {
+                *end = e;
+                true
+            }
+            _ => false,
+        }
+    }
 }
 
 /// Cuts, fingerprints and similarity features of a batch of items: see [`Encoder::prepare`].
@@ -218,6 +262,9 @@ impl Encoder {
             compressor: Compressor::new(config.compression),
             ops: Vec::new(),
             payload: Vec::new(),
+            gather: false,
+            pieces: Vec::new(),
+            gathered: 0,
             body: Vec::new(),
             scratch: Vec::new(),
             prepared: Prepared::default(),
@@ -348,28 +395,53 @@ impl Encoder {
         self.write_frame(content_hash, out);
     }
 
-    /// [`Encoder::encode_prepared_from`] that hands the frame over in three parts (header,
-    /// ops, payload) instead of copying them into one buffer, when the encoder does not
-    /// compress: for an analysis that reads each frame once. `head` holds the header (or the
-    /// whole frame, compressed).
+    /// [`Encoder::encode_prepared_from`] that hands the frame over in parts (header, ops, then
+    /// the payload's runs, literal units straight from `items`) instead of copying them into
+    /// one buffer, when the encoder does not compress: for an analysis that reads each frame
+    /// once. `head` holds the header (or the whole frame, compressed).
     pub fn encode_prepared_parts<'a>(
         &'a mut self,
         owner: &SharedBytes,
-        items: &[&[u8]],
+        items: &[&'a [u8]],
         prepared: &Prepared,
         head: &'a mut Vec<u8>,
-    ) -> [&'a [u8]; 3] {
+    ) -> Vec<&'a [u8]> {
+        self.gather = self.config.compression == Compression::None;
         let content_hash = self.encode_in(items, prepared, Some(owner));
         head.clear();
-        if self.config.compression != Compression::None {
+        if !self.gather {
             self.write_frame(content_hash, head);
-            return [head, &[], &[]];
+            return vec![head];
         }
+        self.gather = false;
         let body_len = self.put_body_header(content_hash, head);
         self.stats.frames += 1;
         self.stats.raw_bytes += body_len as u64;
-        self.stats.output_bytes += (head.len() + self.ops.len() + self.payload.len()) as u64;
-        [head, &self.ops, &self.payload]
+        self.stats.output_bytes += (head.len() + self.ops.len() + self.payload_len()) as u64;
+        let mut parts: Vec<&'a [u8]> = Vec::with_capacity(2 + self.pieces.len());
+        parts.push(head);
+        parts.push(&self.ops);
+        parts.extend(self.pieces.iter().map(|&p| match p {
+            Piece::Item { item, start, end } => &items[item][start..end],
+            Piece::Own { start, end } => &self.payload[start..end],
+        }));
+        parts
+    }
+
+    /// Bytes of the payload, gathered literal units included.
+    fn payload_len(&self) -> usize {
+        self.payload.len() + self.gathered
+    }
+
+    /// Appends `piece` to the gathered payload, joined onto the last piece when it continues it.
+    fn push_piece(&mut self, piece: Piece) {
+        if !self
+            .pieces
+            .last_mut()
+            .is_some_and(|last| last.extend(piece))
+        {
+            self.pieces.push(piece);
+        }
     }
 
     /// Encodes `items` into `ops` and `payload`; returns the frame's content hash.
@@ -387,15 +459,32 @@ impl Encoder {
         let first_new = self.window.next_id();
         self.ops.clear();
         self.payload.clear();
+        self.pieces.clear();
+        self.gathered = 0;
         varint::put(&mut self.ops, items.len() as u64);
         let mut u = 0;
-        for (item, &count) in items.iter().zip(&prepared.counts) {
+        for (i, (item, &count)) in items.iter().zip(&prepared.counts).enumerate() {
             varint::put(&mut self.ops, count as u64);
             let mut at = 0;
             for _ in 0..count {
                 let len = prepared.lens[u] as usize;
                 let unit = &item[at..at + len];
-                self.encode_unit(unit, prepared.fps[u], prepared.features(u), owner);
+                let own = self.payload.len();
+                let literal = self.encode_unit(unit, prepared.fps[u], prepared.features(u), owner);
+                if self.gather {
+                    if literal {
+                        self.push_piece(Piece::Item {
+                            item: i,
+                            start: at,
+                            end: at + len,
+                        });
+                    } else if self.payload.len() > own {
+                        self.push_piece(Piece::Own {
+                            start: own,
+                            end: self.payload.len(),
+                        });
+                    }
+                }
                 at += len;
                 u += 1;
             }
@@ -413,7 +502,7 @@ impl Encoder {
     fn put_body_header(&self, content_hash: u64, out: &mut Vec<u8>) -> usize {
         let mut ops_len = Vec::with_capacity(10);
         varint::put(&mut ops_len, self.ops.len() as u64);
-        let body_len = ops_len.len() + self.ops.len() + self.payload.len();
+        let body_len = ops_len.len() + self.ops.len() + self.payload_len();
         put_frame_header(out, body_len, body_len, Compression::None, content_hash);
         out.extend_from_slice(&ops_len);
         body_len
@@ -455,13 +544,14 @@ impl Encoder {
         self.stats.output_bytes += (out.len() - start) as u64;
     }
 
+    /// Encodes one unit as a reference, a delta or a literal; true for a literal.
     fn encode_unit(
         &mut self,
         unit: &[u8],
         fp: Fingerprint,
         features: Option<&[u64]>,
         owner: Option<&SharedBytes>,
-    ) {
+    ) -> bool {
         self.stats.units += 1;
         let next = self.window.next_id();
         if let Some(&id) = self.exact.get(&fp) {
@@ -474,7 +564,7 @@ impl Encoder {
                 varint::put(&mut self.ops, next - id);
                 self.stats.refs += 1;
                 self.stats.ref_bytes += unit.len() as u64;
-                return;
+                return false;
             }
         }
         let computed;
@@ -485,10 +575,15 @@ impl Encoder {
                 &computed[..]
             }
         };
-        if !self.try_delta(unit, features, next) {
+        let literal = !self.try_delta(unit, features, next);
+        if literal {
             self.ops.push(OP_LITERAL);
             varint::put(&mut self.ops, unit.len() as u64);
-            self.payload.extend_from_slice(unit);
+            if self.gather {
+                self.gathered += unit.len();
+            } else {
+                self.payload.extend_from_slice(unit);
+            }
             self.stats.literals += 1;
             self.stats.literal_bytes += unit.len() as u64;
         }
@@ -501,6 +596,7 @@ impl Encoder {
         if !features.is_empty() {
             self.candidates.insert(id, features);
         }
+        literal
     }
 
     /// Emits a delta op when a held similar unit gives a delta smaller than the unit.
