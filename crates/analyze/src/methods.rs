@@ -19,7 +19,7 @@ use dedupwire_engine::compress::{Compression, Compressor};
 use dedupwire_engine::exact_index::PassThrough;
 use dedupwire_engine::fingerprint::Fingerprinter;
 use dedupwire_engine::pipeline::{
-    Encoder, PipelineConfig, Prepared, PreparedUnits, SharedBytes, UnitPrep, UnitStore,
+    Encoder, PipelineConfig, Prepared, PreparedUnits, SharedBytes, SourceAges, UnitPrep, UnitStore,
 };
 use serde::Serialize;
 
@@ -1286,6 +1286,7 @@ impl SimScope {
             cpu: self.cpu,
             z_cpu: zcpu,
             beyond_window: self.repeated_bytes.saturating_sub(s.ref_bytes),
+            ages: *self.encoder.source_ages(),
         }
     }
 }
@@ -1301,11 +1302,16 @@ struct SimTotals {
     z_cpu: f64,
     /// Bytes of units that copied data older than the window.
     beyond_window: u64,
+    /// What references and deltas saved, by the age of their sources.
+    ages: SourceAges,
 }
 
 impl SimTotals {
     fn add(self, o: SimTotals, index: fn(u64, u64) -> u64) -> SimTotals {
+        let mut ages = self.ages;
+        ages.add(&o.ages);
         SimTotals {
+            ages,
             raw: self.raw + o.raw,
             z: self.z + o.z,
             z_var: self.z_var + o.z_var,
@@ -1315,6 +1321,23 @@ impl SimTotals {
             beyond_window: self.beyond_window + o.beyond_window,
         }
     }
+}
+
+/// Windows of a half, a quarter, an eighth and a sixteenth of `window`, each with the most it
+/// would write: `raw` plus what sources older than it saved. Sources are aged in all the bytes
+/// encoded since them, as a smaller window that had to push every unit would count them, so
+/// the bound errs high.
+fn smaller_windows(window: u64, raw: u64, ages: &SourceAges) -> serde_json::Value {
+    (1..=4)
+        .map(|k| window >> k)
+        .filter(|&w| w > 0)
+        .map(|w| {
+            serde_json::json!({
+                "window_bytes": w,
+                "output_bytes_at_most": raw + ages.saved_beyond(w),
+            })
+        })
+        .collect()
 }
 
 fn kind_slot(kind: ItemKind) -> usize {
@@ -1487,11 +1510,13 @@ impl Runner for SimilarityRunner {
         for (scope, t) in [("local", sum(&self.local_done)), ("global", sum(&global))] {
             let mut params = params.clone();
             params["beyond_window_bytes"] = t.beyond_window.into();
+            let mut plain = params.clone();
+            plain["smaller_windows"] = smaller_windows(self.opts.window_bytes, t.raw, &t.ages);
             out.push(Measured {
                 name: "similarity".into(),
                 family: "similarity".into(),
                 scope,
-                params: params.clone(),
+                params: plain,
                 output_bytes: t.raw,
                 index_bytes: t.index,
                 cpu_seconds: t.cpu,
@@ -1851,6 +1876,49 @@ mod tests {
         let (_, global_big, big_out) = run(1 << 30);
         assert_eq!(global_big, Some(0));
         assert!(small_out >= big_out + 5 * mib / 2, "{small_out} {big_out}");
+    }
+
+    #[test]
+    fn the_output_estimated_for_smaller_windows_is_at_least_what_they_write() {
+        let (a, b) = (noise(3 << 20, 21), noise(3 << 20, 22));
+        let mut a2 = a.clone();
+        a2[1 << 20] ^= 1;
+        let images = [vec![a.clone(), b.clone()], vec![b, a2, a]];
+        let run = |window_bytes: u64| {
+            let opts = RunnerOptions {
+                several_images: true,
+                window_bytes,
+                ..opts()
+            };
+            let mut runner = SimilarityRunner::new(&opts).unwrap();
+            feed_images(&mut runner, &images);
+            Box::new(runner).finish()
+        };
+        let big = run(16 << 20);
+        for scope in ["local", "global"] {
+            let line = big
+                .iter()
+                .find(|l| l.scope == scope && l.name == "similarity")
+                .unwrap();
+            let smaller = line.params["smaller_windows"].as_array().unwrap();
+            assert_eq!(smaller.len(), 4);
+            for w in smaller {
+                let window = w["window_bytes"].as_u64().unwrap();
+                let at_most = w["output_bytes_at_most"].as_u64().unwrap();
+                let real = run(window)
+                    .into_iter()
+                    .find(|l| l.scope == scope && l.name == "similarity")
+                    .unwrap()
+                    .output_bytes;
+                assert!(at_most >= real, "{scope} {window}: {at_most} < {real}");
+                assert!(at_most >= line.output_bytes, "{scope} {window}");
+                // At most the input as literals (15 MiB) and the frames' ops.
+                assert!(
+                    at_most <= (15 << 20) + (64 << 10),
+                    "{scope} {window}: {at_most}"
+                );
+            }
+        }
     }
 
     #[test]

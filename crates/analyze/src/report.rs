@@ -150,7 +150,43 @@ fn window_notes(methods: &[MethodReport], input_bytes: u64) -> Vec<String> {
                 )
             })
         })
+        .chain(methods.iter().filter_map(|m| smaller_window_note(m, input_bytes)))
         .collect()
+}
+
+/// For a similarity scope whose ratio a window half as large would cut by more than 1%: about
+/// the least ratio each smaller window would keep (an estimate that errs low, see
+/// `dedupwire_engine::pipeline::SourceAges`), so a user can size the receiver's memory.
+fn smaller_window_note(m: &MethodReport, input_bytes: u64) -> Option<String> {
+    if m.name != "similarity" {
+        return None;
+    }
+    let window = m.params.get("window_bytes")?.as_u64()?;
+    let rows: Vec<(u64, f64)> = m
+        .params
+        .get("smaller_windows")?
+        .as_array()?
+        .iter()
+        .filter_map(|w| {
+            let bytes = w.get("window_bytes")?.as_u64()?;
+            let out = w.get("output_bytes_at_most")?.as_u64()?.max(1);
+            Some((bytes, input_bytes as f64 / out as f64))
+        })
+        .collect();
+    let &(_, half) = rows.first()?;
+    (half < 0.99 * m.ratio).then(|| {
+        let keeps: Vec<String> = rows
+            .iter()
+            .map(|&(w, r)| format!("{} {r:.2}x", human_bytes(w)))
+            .collect();
+        format!(
+            "similarity ({} scope) with a smaller --window would keep at least about: {} (against {:.2}x at {})",
+            m.scope,
+            keeps.join(", "),
+            m.ratio,
+            human_bytes(window)
+        )
+    })
 }
 
 /// Formats `n` bytes with a binary unit.
@@ -256,5 +292,35 @@ mod tests {
         assert!(notes[0].contains("1024 MiB window"));
         let unknown = [line("similarity", "global", serde_json::json!({}))];
         assert!(window_notes(&unknown, 1 << 30).is_empty());
+    }
+
+    #[test]
+    fn a_scope_that_a_smaller_window_would_cost_gets_the_ratios_it_would_keep() {
+        let gib = 1u64 << 30;
+        let params = |half: u64| {
+            serde_json::json!({
+                "window_bytes": gib,
+                "beyond_window_bytes": 0,
+                "smaller_windows": [
+                    { "window_bytes": gib / 2, "output_bytes_at_most": half },
+                    { "window_bytes": gib / 4, "output_bytes_at_most": gib },
+                ],
+            })
+        };
+        let with_ratio = |mut m: MethodReport| {
+            m.ratio = 2.0;
+            m
+        };
+        let methods = [
+            with_ratio(line("similarity", "local", params(gib / 2 + 1))),
+            with_ratio(line("similarity", "global", params(gib * 2 / 3))),
+            with_ratio(line("similarity+zstd", "global", params(gib))),
+        ];
+        let notes = window_notes(&methods, gib);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert_eq!(
+            notes[0],
+            "similarity (global scope) with a smaller --window would keep at least about: 512.0 MiB 1.50x, 256.0 MiB 1.00x (against 2.00x at 1.0 GiB)"
+        );
     }
 }

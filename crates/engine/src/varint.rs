@@ -11,6 +11,11 @@ pub fn put(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
+/// Bytes [`put`] writes for `v`.
+pub fn len(v: u64) -> usize {
+    (u64::BITS - (v | 1).leading_zeros()).div_ceil(7) as usize
+}
+
 /// Reads a varint at `*pos`, advancing it; `what` names the structure for errors.
 pub fn get(buf: &[u8], pos: &mut usize, what: &'static str) -> Result<u64> {
     let start = *pos;
@@ -52,6 +57,15 @@ pub fn get_len(buf: &[u8], pos: &mut usize, limit: usize, what: &'static str) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn len_is_what_put_writes() {
+        for v in [0, 1, 127, 128, 16383, 16384, u32::MAX as u64, u64::MAX] {
+            let mut out = Vec::new();
+            put(&mut out, v);
+            assert_eq!(len(v), out.len(), "{v}");
+        }
+    }
     use proptest::prelude::*;
 
     proptest! {

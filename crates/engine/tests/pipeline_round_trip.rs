@@ -209,6 +209,27 @@ proptest! {
     }
 
     #[test]
+    fn a_smaller_window_writes_at_most_what_its_lost_sources_saved(items in revisions(), shift in 1u32..6) {
+        use dedupwire_engine::pipeline::Encoder;
+        for config in configs() {
+            let config = PipelineConfig { compression: Compression::None, window_bytes: 8192, ..config };
+            let small = PipelineConfig { window_bytes: config.window_bytes >> shift, ..config };
+            let (mut big, mut little) = (Encoder::new(config).unwrap(), Encoder::new(small).unwrap());
+            let (mut out_big, mut out_little) = (Vec::new(), Vec::new());
+            for item in &items {
+                big.encode_frame(&[item.as_slice()], &mut out_big);
+                little.encode_frame(&[item.as_slice()], &mut out_little);
+            }
+            let ages = big.source_ages();
+            let (b, l) = (big.stats(), little.stats());
+            prop_assert!(ages.saved() <= b.input_bytes + 2 * b.units, "{:?} {:?}", ages, b);
+            // A frame's ops grow by at most a varint byte or two when references become literals.
+            let bound = b.raw_bytes + ages.saved_beyond(small.window_bytes) + 2 * b.frames;
+            prop_assert!(l.raw_bytes <= bound, "{} > {} {:?}\n{:?}\n{:?}\n{:?} shift {}", l.raw_bytes, bound, config, b, l, ages, shift);
+        }
+    }
+
+    #[test]
     fn damage_is_an_error_never_a_wrong_item(items in revisions(), at: usize, xor in 1u8..=255) {
         for config in configs() {
             let mut stream = encode_all(config, items.iter().map(Vec::as_slice), 2000).unwrap();

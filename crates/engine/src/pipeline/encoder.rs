@@ -5,6 +5,7 @@ use std::sync::Arc;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::format::*;
+use super::source_ages::SourceAges;
 use super::window::{SharedBytes, Unit, UnitStore, Window};
 use super::{PipelineConfig, Similarity};
 use crate::chunk::{chunks, Chunker};
@@ -57,6 +58,7 @@ pub struct Encoder {
     exact: ExactIndex<Fingerprint, u64>,
     candidates: CandidateIndex<u64>,
     stats: EncodeStats,
+    ages: SourceAges,
     compressor: Compressor,
     ops: Vec<u8>,
     payload: Vec<u8>,
@@ -261,6 +263,7 @@ impl Encoder {
             stats: EncodeStats::default(),
             compressor: Compressor::new(config.compression),
             ops: Vec::new(),
+            ages: SourceAges::default(),
             payload: Vec::new(),
             gather: false,
             pieces: Vec::new(),
@@ -560,8 +563,11 @@ impl Encoder {
                 .get(id)
                 .is_some_and(|held| held.len() == unit.len())
             {
+                let ops = self.ops.len();
                 self.ops.push(OP_REF);
                 varint::put(&mut self.ops, next - id);
+                self.record_age(id, unit.len(), self.ops.len() - ops);
+                self.window.skip(unit.len());
                 self.stats.refs += 1;
                 self.stats.ref_bytes += unit.len() as u64;
                 return false;
@@ -616,11 +622,13 @@ impl Encoder {
         if self.scratch.len() >= unit.len() {
             return false;
         }
+        let ops = self.ops.len();
         self.ops.push(OP_DELTA);
         varint::put(&mut self.ops, next - id);
         varint::put(&mut self.ops, self.scratch.len() as u64);
         varint::put(&mut self.ops, unit.len() as u64);
         self.payload.extend_from_slice(&self.scratch);
+        self.record_age(id, unit.len(), self.ops.len() - ops + self.scratch.len());
         self.stats.deltas += 1;
         self.stats.delta_input_bytes += unit.len() as u64;
         self.stats.delta_bytes += self.scratch.len() as u64;
@@ -630,6 +638,21 @@ impl Encoder {
     /// What the encoder has done so far.
     pub fn stats(&self) -> EncodeStats {
         self.stats
+    }
+
+    /// Bytes references and deltas saved, by how far back their sources lay: what a smaller
+    /// window would at most have lost.
+    pub fn source_ages(&self) -> &SourceAges {
+        &self.ages
+    }
+
+    /// Records what the held unit `id` saved as the source of a unit of `len` bytes encoded in
+    /// `spent` bytes (ops and payload) instead of as a literal.
+    fn record_age(&mut self, id: u64, len: usize, spent: usize) {
+        if let Some(age) = self.window.age(id) {
+            let literal = 1 + varint::len(len as u64) + len;
+            self.ages.record(age, literal.saturating_sub(spent) as u64);
+        }
     }
 
     /// Bytes of RAM held: the window, the exact index and the candidate index.
