@@ -1840,6 +1840,18 @@ mod tests {
         assert!(beyond > 5 << 19 && beyond <= 3 << 20, "{beyond}");
     }
 
+    /// The similarity lines of `images` (several) with a window of `window_bytes`.
+    fn similarity_of(images: &[Vec<Vec<u8>>], window_bytes: u64) -> Vec<Measured> {
+        let opts = RunnerOptions {
+            several_images: true,
+            window_bytes,
+            ..opts()
+        };
+        let mut runner = SimilarityRunner::new(&opts).unwrap();
+        feed_images(&mut runner, images);
+        Box::new(runner).finish()
+    }
+
     #[test]
     fn similarity_counts_the_copies_of_data_its_window_had_dropped() {
         // Image 0 is a; image 1 is b then a again: with a window smaller than b, a's
@@ -1847,14 +1859,7 @@ mod tests {
         let (a, b) = (noise(3 << 20, 11), noise(3 << 20, 12));
         let images = [vec![a.clone()], vec![b, a]];
         let run = |window_bytes: u64| {
-            let opts = RunnerOptions {
-                several_images: true,
-                window_bytes,
-                ..opts()
-            };
-            let mut runner = SimilarityRunner::new(&opts).unwrap();
-            feed_images(&mut runner, &images);
-            let m = Box::new(runner).finish();
+            let m = similarity_of(&images, window_bytes);
             let line = |scope: &str| {
                 m.iter()
                     .find(|l| l.scope == scope && l.name == "similarity")
@@ -1884,16 +1889,7 @@ mod tests {
         let mut a2 = a.clone();
         a2[1 << 20] ^= 1;
         let images = [vec![a.clone(), b.clone()], vec![b, a2, a]];
-        let run = |window_bytes: u64| {
-            let opts = RunnerOptions {
-                several_images: true,
-                window_bytes,
-                ..opts()
-            };
-            let mut runner = SimilarityRunner::new(&opts).unwrap();
-            feed_images(&mut runner, &images);
-            Box::new(runner).finish()
-        };
+        let run = |window_bytes: u64| similarity_of(&images, window_bytes);
         let big = run(16 << 20);
         for scope in ["local", "global"] {
             let line = big
