@@ -19,7 +19,7 @@ use dedupwire_engine::compress::{Compression, Compressor};
 use dedupwire_engine::exact_index::PassThrough;
 use dedupwire_engine::fingerprint::Fingerprinter;
 use dedupwire_engine::pipeline::{
-    Encoder, PipelineConfig, Prepared, PreparedUnits, SharedBytes, SourceAges, UnitPrep, UnitStore,
+    Encoder, PipelineConfig, Prepared, PreparedUnits, SharedBytes, UnitPrep, UnitStore, SMALLER,
 };
 use serde::Serialize;
 
@@ -1286,7 +1286,7 @@ impl SimScope {
             cpu: self.cpu,
             z_cpu: zcpu,
             beyond_window: self.repeated_bytes.saturating_sub(s.ref_bytes),
-            ages: *self.encoder.source_ages(),
+            smaller: self.encoder.smaller_windows().lost(),
         }
     }
 }
@@ -1302,16 +1302,17 @@ struct SimTotals {
     z_cpu: f64,
     /// Bytes of units that copied data older than the window.
     beyond_window: u64,
-    /// What references and deltas saved, by the age of their sources.
-    ages: SourceAges,
+    /// Smaller windows and what each would have lost.
+    smaller: [(u64, u64); SMALLER],
 }
 
 impl SimTotals {
     fn add(self, o: SimTotals, index: fn(u64, u64) -> u64) -> SimTotals {
-        let mut ages = self.ages;
-        ages.add(&o.ages);
         SimTotals {
-            ages,
+            smaller: std::array::from_fn(|k| {
+                let (a, b) = (self.smaller[k], o.smaller[k]);
+                (a.0.max(b.0), a.1 + b.1)
+            }),
             raw: self.raw + o.raw,
             z: self.z + o.z,
             z_var: self.z_var + o.z_var,
@@ -1323,18 +1324,17 @@ impl SimTotals {
     }
 }
 
-/// Windows of a half, a quarter, an eighth and a sixteenth of `window`, each with the most it
-/// would write: `raw` plus what sources older than it saved. Sources are aged in all the bytes
-/// encoded since them, as a smaller window that had to push every unit would count them, so
-/// the bound errs high.
-fn smaller_windows(window: u64, raw: u64, ages: &SourceAges) -> serde_json::Value {
-    (1..=4)
-        .map(|k| window >> k)
-        .filter(|&w| w > 0)
-        .map(|w| {
+/// Windows of a half, a quarter, an eighth and a sixteenth of the window, each with about the
+/// most it would write: `raw` plus what it would have lost (see
+/// `dedupwire_engine::pipeline::SmallerWindows`).
+fn smaller_windows(raw: u64, smaller: &[(u64, u64); SMALLER]) -> serde_json::Value {
+    smaller
+        .iter()
+        .filter(|&&(w, _)| w > 0)
+        .map(|&(w, lost)| {
             serde_json::json!({
                 "window_bytes": w,
-                "output_bytes_at_most": raw + ages.saved_beyond(w),
+                "output_bytes_at_most": raw + lost,
             })
         })
         .collect()
@@ -1511,7 +1511,7 @@ impl Runner for SimilarityRunner {
             let mut params = params.clone();
             params["beyond_window_bytes"] = t.beyond_window.into();
             let mut plain = params.clone();
-            plain["smaller_windows"] = smaller_windows(self.opts.window_bytes, t.raw, &t.ages);
+            plain["smaller_windows"] = smaller_windows(t.raw, &t.smaller);
             out.push(Measured {
                 name: "similarity".into(),
                 family: "similarity".into(),

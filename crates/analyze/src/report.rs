@@ -156,7 +156,7 @@ fn window_notes(methods: &[MethodReport], input_bytes: u64) -> Vec<String> {
 
 /// For a similarity scope whose ratio a window half as large would cut by more than 1%: about
 /// the least ratio each smaller window would keep (an estimate that errs low, see
-/// `dedupwire_engine::pipeline::SourceAges`), so a user can size the receiver's memory.
+/// `dedupwire_engine::pipeline::SmallerWindows`), so a user can size the receiver's memory.
 fn smaller_window_note(m: &MethodReport, input_bytes: u64) -> Option<String> {
     if m.name != "similarity" {
         return None;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::format::*;
-use super::source_ages::SourceAges;
+use super::smaller_windows::SmallerWindows;
 use super::window::{SharedBytes, Unit, UnitStore, Window};
 use super::{PipelineConfig, Similarity};
 use crate::chunk::{chunks, Chunker};
@@ -58,7 +58,7 @@ pub struct Encoder {
     exact: ExactIndex<Fingerprint, u64>,
     candidates: CandidateIndex<u64>,
     stats: EncodeStats,
-    ages: SourceAges,
+    smaller: SmallerWindows,
     compressor: Compressor,
     ops: Vec<u8>,
     payload: Vec<u8>,
@@ -225,6 +225,12 @@ pub struct PreparedUnits {
     feats: Vec<u64>,
 }
 
+/// Bytes a unit of `len` bytes encoded in `spent` bytes (ops and payload) saved against a
+/// literal.
+fn literal_saving(len: usize, spent: usize) -> u64 {
+    (1 + varint::len(len as u64) + len).saturating_sub(spent) as u64
+}
+
 /// The similarity features of `unit` under `similarity`.
 fn features_of(similarity: Similarity, unit: &[u8]) -> Vec<u64> {
     match similarity {
@@ -263,7 +269,7 @@ impl Encoder {
             stats: EncodeStats::default(),
             compressor: Compressor::new(config.compression),
             ops: Vec::new(),
-            ages: SourceAges::default(),
+            smaller: SmallerWindows::new(config.window_bytes),
             payload: Vec::new(),
             gather: false,
             pieces: Vec::new(),
@@ -566,8 +572,8 @@ impl Encoder {
                 let ops = self.ops.len();
                 self.ops.push(OP_REF);
                 varint::put(&mut self.ops, next - id);
-                self.record_age(id, unit.len(), self.ops.len() - ops);
-                self.window.skip(unit.len());
+                let saved = literal_saving(unit.len(), self.ops.len() - ops);
+                self.smaller.referenced(id, unit.len(), saved);
                 self.stats.refs += 1;
                 self.stats.ref_bytes += unit.len() as u64;
                 return false;
@@ -598,6 +604,8 @@ impl Encoder {
             None => Unit::of(unit, owner),
         };
         let id = self.window.push(held);
+        self.smaller.take_in(id, unit.len());
+        self.smaller.hold_from(self.window.first_id());
         self.exact.insert(fp, id);
         if !features.is_empty() {
             self.candidates.insert(id, features);
@@ -628,7 +636,8 @@ impl Encoder {
         varint::put(&mut self.ops, self.scratch.len() as u64);
         varint::put(&mut self.ops, unit.len() as u64);
         self.payload.extend_from_slice(&self.scratch);
-        self.record_age(id, unit.len(), self.ops.len() - ops + self.scratch.len());
+        let saved = literal_saving(unit.len(), self.ops.len() - ops + self.scratch.len());
+        self.smaller.delta(id, saved);
         self.stats.deltas += 1;
         self.stats.delta_input_bytes += unit.len() as u64;
         self.stats.delta_bytes += self.scratch.len() as u64;
@@ -640,19 +649,9 @@ impl Encoder {
         self.stats
     }
 
-    /// Bytes references and deltas saved, by how far back their sources lay: what a smaller
-    /// window would at most have lost.
-    pub fn source_ages(&self) -> &SourceAges {
-        &self.ages
-    }
-
-    /// Records what the held unit `id` saved as the source of a unit of `len` bytes encoded in
-    /// `spent` bytes (ops and payload) instead of as a literal.
-    fn record_age(&mut self, id: u64, len: usize, spent: usize) {
-        if let Some(age) = self.window.age(id) {
-            let literal = 1 + varint::len(len as u64) + len;
-            self.ages.record(age, literal.saturating_sub(spent) as u64);
-        }
+    /// What windows a half … a sixteenth as large would have lost (see [`SmallerWindows`]).
+    pub fn smaller_windows(&self) -> &SmallerWindows {
+        &self.smaller
     }
 
     /// Bytes of RAM held: the window, the exact index and the candidate index.

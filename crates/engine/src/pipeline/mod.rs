@@ -17,12 +17,12 @@
 mod decoder;
 mod encoder;
 mod format;
-mod source_ages;
+mod smaller_windows;
 mod window;
 
 pub use self::decoder::Decoder;
 pub use self::encoder::{EncodeStats, Encoder, Prepared, PreparedUnits, UnitPrep};
-pub use self::source_ages::SourceAges;
+pub use self::smaller_windows::{SmallerWindows, SMALLER};
 pub use self::window::{SharedBytes, UnitStore};
 
 use serde::{Deserialize, Serialize};

@@ -105,12 +105,8 @@ fn same_buffer(a: &SharedBytes, b: &SharedBytes) -> bool {
 #[derive(Default)]
 pub(super) struct Window {
     units: VecDeque<Unit>,
-    /// Where each held unit starts among all bytes ever pushed or skipped.
-    starts: VecDeque<u64>,
     first: u64,
     bytes: u64,
-    /// Bytes ever pushed or skipped.
-    seen: u64,
     limit: u64,
 }
 
@@ -133,6 +129,11 @@ impl Window {
         }
     }
 
+    /// The id of the oldest unit held (the next id when none is).
+    pub(super) fn first_id(&self) -> u64 {
+        self.first
+    }
+
     /// The id the next pushed unit gets.
     pub(super) fn next_id(&self) -> u64 {
         self.first + self.units.len() as u64
@@ -148,30 +149,13 @@ impl Window {
     pub(super) fn push(&mut self, unit: Unit) -> u64 {
         let id = self.next_id();
         self.bytes += unit.len() as u64;
-        self.starts.push_back(self.seen);
-        self.seen += unit.len() as u64;
         self.units.push_back(unit);
         while self.bytes > self.limit && self.units.len() > 1 {
             let old = self.units.pop_front().expect("non-empty");
-            self.starts.pop_front();
             self.bytes -= old.len() as u64;
             self.first += 1;
         }
         id
-    }
-
-    /// Counts `len` bytes of a unit the encoder did not push (a reference): they count in the
-    /// ages of the units before it, as a window that pushed them would have held them.
-    pub(super) fn skip(&mut self, len: usize) {
-        self.seen += len as u64;
-    }
-
-    /// Bytes pushed or skipped from the start of unit `id`, if still held, to now: the least
-    /// window that would hold it had every unit since been pushed.
-    pub(super) fn age(&self, id: u64) -> Option<u64> {
-        let i = id.checked_sub(self.first)?;
-        let start = self.starts.get(usize::try_from(i).ok()?)?;
-        Some(self.seen - start)
     }
 
     /// Copies the units from `from` on that lie in `owner` out of it unless they hold at least
@@ -229,23 +213,6 @@ mod tests {
         assert!(
             matches!(Unit::of(empty_at_end, Some(&owner)), Unit::Shared(_, ref r) if r.is_empty())
         );
-    }
-
-    #[test]
-    fn a_units_age_is_the_least_window_that_holds_it() {
-        let mut w = Window::new(10);
-        let a = w.push(Unit::Owned(vec![1; 4]));
-        let b = w.push(Unit::Owned(vec![2; 3]));
-        assert_eq!((w.age(a), w.age(b)), (Some(7), Some(3)));
-        let c = w.push(Unit::Owned(vec![3; 5]));
-        assert_eq!((w.age(a), w.age(b), w.age(c)), (None, Some(8), Some(5)));
-        let mut small = Window::new(8);
-        for len in [4, 3, 5] {
-            small.push(Unit::Owned(vec![0; len]));
-        }
-        assert!(small.get(b).is_some() && small.get(a).is_none());
-        w.skip(2);
-        assert_eq!((w.age(b), w.age(c)), (Some(10), Some(7)));
     }
 
     #[test]
