@@ -87,6 +87,7 @@ pub fn render(r: &Report) -> String {
     );
 
     methods_table(&mut h, r);
+    smaller_windows_table(&mut h, r);
     if !r.notes.is_empty() {
         h.push_str("<h2 id=\"notes\">Notes</h2>\n<ul class=\"notes\">\n");
         for n in &r.notes {
@@ -400,6 +401,66 @@ fn methods_table(h: &mut String, r: &Report) {
             esc(&fmt_num(m.mb_per_s)),
             esc(&fmt_num(m.cpu_s_per_gb)),
         );
+    }
+    h.push_str("</tbody>\n</table>\n");
+}
+
+/// The similarity lines' ratio at their window and, estimated, at smaller ones (a lower bound,
+/// about: see `dedupwire_engine::pipeline::SmallerWindows`); nothing without those estimates.
+fn smaller_windows_table(h: &mut String, r: &Report) {
+    let lines: Vec<&MethodReport> = ["local", "global"]
+        .iter()
+        .filter_map(|scope| {
+            r.methods
+                .iter()
+                .find(|m| m.name == "similarity" && m.scope == *scope)
+        })
+        .filter(|m| {
+            m.params
+                .get("smaller_windows")
+                .is_some_and(|v| v.is_array())
+        })
+        .collect();
+    let Some(window) = lines
+        .first()
+        .and_then(|m| m.params.get("window_bytes")?.as_u64())
+    else {
+        return;
+    };
+    h.push_str("<h2 id=\"windows\">Similarity window</h2>\n<p>The receiver keeps this much recent data as delta sources. Smaller windows are estimated from the same run: at least about these ratios.</p>\n<table class=\"methods\">\n<thead><tr><th>Window</th>");
+    for m in &lines {
+        let _ = write!(h, "<th class=\"num\">{} ratio</th>", esc(&m.scope));
+    }
+    h.push_str("</tr></thead>\n<tbody>\n");
+    let _ = write!(h, "<tr><td>{} (measured)</td>", esc(&human_bytes(window)));
+    for m in &lines {
+        let _ = write!(h, "<td class=\"num\">{}</td>", esc(&fmt_ratio(m.ratio)));
+    }
+    h.push_str("</tr>\n");
+    let rows = |m: &MethodReport| -> Vec<(u64, u64)> {
+        m.params["smaller_windows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|w| {
+                Some((
+                    w.get("window_bytes")?.as_u64()?,
+                    w.get("output_bytes_at_most")?.as_u64()?,
+                ))
+            })
+            .collect()
+    };
+    for (i, (w, _)) in rows(lines[0]).into_iter().enumerate() {
+        let _ = write!(h, "<tr><td>{}</td>", esc(&human_bytes(w)));
+        for m in &lines {
+            let ratio = rows(m)
+                .get(i)
+                .filter(|&&(mw, out)| mw == w && out > 0)
+                .map(|&(_, out)| r.input_bytes as f64 / out as f64);
+            let cell = ratio.map_or("–".to_string(), |v| format!("≥ {}", fmt_ratio(v)));
+            let _ = write!(h, "<td class=\"num\">{}</td>", esc(&cell));
+        }
+        h.push_str("</tr>\n");
     }
     h.push_str("</tbody>\n</table>\n");
 }

@@ -375,6 +375,66 @@ fn only_local_scope_and_many_images() {
     assert!(h.contains("/data/image-39"));
 }
 
+#[test]
+fn similarity_with_smaller_window_estimates_gets_a_window_table() {
+    let mut r = fixture();
+    assert!(
+        !html::render(&r).contains("id=\"windows\""),
+        "no estimates, no table"
+    );
+    r.input_bytes = 1 << 30;
+    let params = |at_most: [u64; 2]| {
+        serde_json::json!({
+            "window_bytes": 1u64 << 30,
+            "smaller_windows": [
+                { "window_bytes": 1u64 << 29, "output_bytes_at_most": at_most[0] },
+                { "window_bytes": 1u64 << 28, "output_bytes_at_most": at_most[1] },
+            ],
+        })
+    };
+    r.methods.retain(|m| m.name != "similarity");
+    r.methods.push(method(
+        "similarity",
+        "similarity",
+        "local",
+        params([1 << 30, 1 << 30]),
+        1.0,
+        2.0,
+    ));
+    r.methods.push(method(
+        "similarity",
+        "similarity",
+        "global",
+        params([1 << 29, 1 << 30]),
+        2.5,
+        2.0,
+    ));
+    let h = html::render(&r);
+    keep("windows.html", &h);
+    assert_well_formed(&h);
+    let start = h.find("id=\"windows\"").expect("the window table");
+    let table = &h[start..start + h[start..].find("</table>").unwrap()];
+    assert!(table.contains("<th class=\"num\">local ratio</th><th class=\"num\">global ratio</th>"));
+    assert!(
+        table.contains(
+            "<td>1.0 GiB (measured)</td><td class=\"num\">1.00×</td><td class=\"num\">2.50×</td>"
+        ),
+        "{table}"
+    );
+    assert!(
+        table.contains(
+            "<td>512.0 MiB</td><td class=\"num\">≥ 1.00×</td><td class=\"num\">≥ 2.00×</td>"
+        ),
+        "{table}"
+    );
+    assert!(
+        table.contains(
+            "<td>256.0 MiB</td><td class=\"num\">≥ 1.00×</td><td class=\"num\">≥ 1.00×</td>"
+        ),
+        "{table}"
+    );
+}
+
 // ---------------------------------------------------------------- headless Chromium
 
 fn find_chromium() -> Option<PathBuf> {
