@@ -1232,7 +1232,8 @@ impl SimScope {
         let mut encoder = Encoder::new(config)
             .expect("built-in configurations are valid")
             .with_fingerprinter(Fingerprinter::estimate())
-            .without_content_hash();
+            .without_content_hash()
+            .with_smaller_windows();
         if let Some(store) = store {
             encoder = encoder.with_unit_store(Arc::clone(store));
         }
@@ -1286,7 +1287,11 @@ impl SimScope {
             cpu: self.cpu,
             z_cpu: zcpu,
             beyond_window: self.repeated_bytes.saturating_sub(s.ref_bytes),
-            smaller: self.encoder.smaller_windows().lost(),
+            smaller: self
+                .encoder
+                .smaller_windows()
+                .map(|s| s.lost())
+                .unwrap_or_default(),
         }
     }
 }

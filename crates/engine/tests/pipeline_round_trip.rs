@@ -213,11 +213,17 @@ proptest! {
         use dedupwire_engine::pipeline::Encoder;
         for config in configs() {
             let config = PipelineConfig { compression: Compression::None, window_bytes: 8192, ..config };
-            let mut big = Encoder::new(config).unwrap();
-            let mut out = Vec::new();
-            in_shared_batches(&items, split, |_, slices| big.encode_frame(slices, &mut out));
+            let mut big = Encoder::new(config).unwrap().with_smaller_windows();
+            let mut plain = Encoder::new(config).unwrap();
+            prop_assert!(plain.smaller_windows().is_none());
+            let (mut out, mut out_plain) = (Vec::new(), Vec::new());
+            in_shared_batches(&items, split, |_, slices| {
+                big.encode_frame(slices, &mut out);
+                plain.encode_frame(slices, &mut out_plain);
+            });
+            prop_assert_eq!(&out, &out_plain, "following smaller windows changes nothing");
             let b = big.stats();
-            for (window, lost) in big.smaller_windows().lost() {
+            for (window, lost) in big.smaller_windows().unwrap().lost() {
                 prop_assert!(lost <= b.input_bytes + 2 * b.units);
                 let mut small = Encoder::new(PipelineConfig { window_bytes: window, ..config }).unwrap();
                 in_shared_batches(&items, split, |_, slices| small.encode_frame(slices, &mut out));

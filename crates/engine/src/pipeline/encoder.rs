@@ -58,7 +58,8 @@ pub struct Encoder {
     exact: ExactIndex<Fingerprint, u64>,
     candidates: CandidateIndex<u64>,
     stats: EncodeStats,
-    smaller: SmallerWindows,
+    /// Followed only when asked for ([`Encoder::with_smaller_windows`]).
+    smaller: Option<SmallerWindows>,
     compressor: Compressor,
     ops: Vec<u8>,
     payload: Vec<u8>,
@@ -269,7 +270,7 @@ impl Encoder {
             stats: EncodeStats::default(),
             compressor: Compressor::new(config.compression),
             ops: Vec::new(),
-            smaller: SmallerWindows::new(config.window_bytes),
+            smaller: None,
             payload: Vec::new(),
             gather: false,
             pieces: Vec::new(),
@@ -303,6 +304,14 @@ impl Encoder {
     /// over the same data holds each unit once. The stream is the same.
     pub fn with_unit_store(mut self, store: Arc<UnitStore>) -> Self {
         self.store = Some(store);
+        self
+    }
+
+    /// This encoder also following what windows a half, a quarter, an eighth and a sixteenth as
+    /// large would have lost (32 bytes per window unit): for an analysis sizing a receiver's
+    /// memory. The stream is the same.
+    pub fn with_smaller_windows(mut self) -> Self {
+        self.smaller = Some(SmallerWindows::new(self.config.window_bytes));
         self
     }
 
@@ -572,8 +581,10 @@ impl Encoder {
                 let ops = self.ops.len();
                 self.ops.push(OP_REF);
                 varint::put(&mut self.ops, next - id);
-                let saved = literal_saving(unit.len(), self.ops.len() - ops);
-                self.smaller.referenced(id, unit.len(), saved);
+                if let Some(smaller) = &mut self.smaller {
+                    let saved = literal_saving(unit.len(), self.ops.len() - ops);
+                    smaller.referenced(id, unit.len(), saved);
+                }
                 self.stats.refs += 1;
                 self.stats.ref_bytes += unit.len() as u64;
                 return false;
@@ -604,8 +615,10 @@ impl Encoder {
             None => Unit::of(unit, owner),
         };
         let id = self.window.push(held);
-        self.smaller.take_in(id, unit.len());
-        self.smaller.hold_from(self.window.first_id());
+        if let Some(smaller) = &mut self.smaller {
+            smaller.take_in(id, unit.len());
+            smaller.hold_from(self.window.first_id());
+        }
         self.exact.insert(fp, id);
         if !features.is_empty() {
             self.candidates.insert(id, features);
@@ -636,8 +649,10 @@ impl Encoder {
         varint::put(&mut self.ops, self.scratch.len() as u64);
         varint::put(&mut self.ops, unit.len() as u64);
         self.payload.extend_from_slice(&self.scratch);
-        let saved = literal_saving(unit.len(), self.ops.len() - ops + self.scratch.len());
-        self.smaller.delta(id, saved);
+        if let Some(smaller) = &mut self.smaller {
+            let saved = literal_saving(unit.len(), self.ops.len() - ops + self.scratch.len());
+            smaller.delta(id, saved);
+        }
         self.stats.deltas += 1;
         self.stats.delta_input_bytes += unit.len() as u64;
         self.stats.delta_bytes += self.scratch.len() as u64;
@@ -649,9 +664,10 @@ impl Encoder {
         self.stats
     }
 
-    /// What windows a half … a sixteenth as large would have lost (see [`SmallerWindows`]).
-    pub fn smaller_windows(&self) -> &SmallerWindows {
-        &self.smaller
+    /// What windows a half … a sixteenth as large would have lost (see [`SmallerWindows`]),
+    /// if followed.
+    pub fn smaller_windows(&self) -> Option<&SmallerWindows> {
+        self.smaller.as_ref()
     }
 
     /// Bytes of RAM held: the window, the exact index and the candidate index.
