@@ -11,7 +11,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::recommend::human_link;
-use crate::report::{human_bytes, MethodReport, Report};
+use crate::report::{human_bytes, smaller_window_ratios, MethodReport, Report};
 
 const FONT: &str = "sans-serif";
 const CHART_W: u32 = 1040;
@@ -408,56 +408,39 @@ fn methods_table(h: &mut String, r: &Report) {
 /// The similarity lines' ratio at their window and, estimated, at smaller ones (a lower bound,
 /// about: see `dedupwire_engine::pipeline::SmallerWindows`); nothing without those estimates.
 fn smaller_windows_table(h: &mut String, r: &Report) {
-    let lines: Vec<&MethodReport> = ["local", "global"]
+    let lines: Vec<(&MethodReport, Vec<(u64, f64)>)> = ["local", "global"]
         .iter()
         .filter_map(|scope| {
             r.methods
                 .iter()
                 .find(|m| m.name == "similarity" && m.scope == *scope)
         })
-        .filter(|m| {
-            m.params
-                .get("smaller_windows")
-                .is_some_and(|v| v.is_array())
-        })
+        .map(|m| (m, smaller_window_ratios(m, r.input_bytes)))
+        .filter(|(_, rows)| !rows.is_empty())
         .collect();
     let Some(window) = lines
         .first()
-        .and_then(|m| m.params.get("window_bytes")?.as_u64())
+        .and_then(|(m, _)| m.params.get("window_bytes")?.as_u64())
     else {
         return;
     };
     h.push_str("<h2 id=\"windows\">Similarity window</h2>\n<p>The receiver keeps this much recent data as delta sources. Smaller windows are estimated from the same run: at least about these ratios.</p>\n<table class=\"methods\">\n<thead><tr><th>Window</th>");
-    for m in &lines {
+    for (m, _) in &lines {
         let _ = write!(h, "<th class=\"num\">{} ratio</th>", esc(&m.scope));
     }
     h.push_str("</tr></thead>\n<tbody>\n");
     let _ = write!(h, "<tr><td>{} (measured)</td>", esc(&human_bytes(window)));
-    for m in &lines {
+    for (m, _) in &lines {
         let _ = write!(h, "<td class=\"num\">{}</td>", esc(&fmt_ratio(m.ratio)));
     }
     h.push_str("</tr>\n");
-    let rows = |m: &MethodReport| -> Vec<(u64, u64)> {
-        m.params["smaller_windows"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|w| {
-                Some((
-                    w.get("window_bytes")?.as_u64()?,
-                    w.get("output_bytes_at_most")?.as_u64()?,
-                ))
-            })
-            .collect()
-    };
-    for (i, (w, _)) in rows(lines[0]).into_iter().enumerate() {
+    for &(w, _) in &lines[0].1 {
         let _ = write!(h, "<tr><td>{}</td>", esc(&human_bytes(w)));
-        for m in &lines {
-            let ratio = rows(m)
-                .get(i)
-                .filter(|&&(mw, out)| mw == w && out > 0)
-                .map(|&(_, out)| r.input_bytes as f64 / out as f64);
-            let cell = ratio.map_or("–".to_string(), |v| format!("≥ {}", fmt_ratio(v)));
+        for (_, rows) in &lines {
+            let cell = rows
+                .iter()
+                .find(|&&(rw, _)| rw == w)
+                .map_or("–".to_string(), |&(_, v)| format!("≥ {}", fmt_ratio(v)));
             let _ = write!(h, "<td class=\"num\">{}</td>", esc(&cell));
         }
         h.push_str("</tr>\n");

@@ -162,17 +162,7 @@ fn smaller_window_note(m: &MethodReport, input_bytes: u64) -> Option<String> {
         return None;
     }
     let window = m.params.get("window_bytes")?.as_u64()?;
-    let rows: Vec<(u64, f64)> = m
-        .params
-        .get("smaller_windows")?
-        .as_array()?
-        .iter()
-        .filter_map(|w| {
-            let bytes = w.get("window_bytes")?.as_u64()?;
-            let out = w.get("output_bytes_at_most")?.as_u64()?.max(1);
-            Some((bytes, input_bytes as f64 / out as f64))
-        })
-        .collect();
+    let rows = smaller_window_ratios(m, input_bytes);
     let &(_, half) = rows.first()?;
     (half < 0.99 * m.ratio).then(|| {
         let keeps: Vec<String> = rows
@@ -187,6 +177,22 @@ fn smaller_window_note(m: &MethodReport, input_bytes: u64) -> Option<String> {
             human_bytes(window)
         )
     })
+}
+
+/// A similarity line's smaller windows (`params.smaller_windows`) with the least ratio each
+/// would keep, about: (window bytes, ratio); none when the line has no such estimate.
+pub fn smaller_window_ratios(m: &MethodReport, input_bytes: u64) -> Vec<(u64, f64)> {
+    m.params
+        .get("smaller_windows")
+        .and_then(|v| v.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|w| {
+            let bytes = w.get("window_bytes")?.as_u64()?;
+            let out = w.get("output_bytes_at_most")?.as_u64()?.max(1);
+            Some((bytes, input_bytes as f64 / out as f64))
+        })
+        .collect()
 }
 
 /// Formats `n` bytes with a binary unit.

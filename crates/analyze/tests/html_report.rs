@@ -393,22 +393,20 @@ fn similarity_with_smaller_window_estimates_gets_a_window_table() {
         })
     };
     r.methods.retain(|m| m.name != "similarity");
-    r.methods.push(method(
-        "similarity",
-        "similarity",
-        "local",
-        params([1 << 30, 1 << 30]),
-        1.0,
-        2.0,
-    ));
-    r.methods.push(method(
-        "similarity",
-        "similarity",
-        "global",
-        params([1 << 29, 1 << 30]),
-        2.5,
-        2.0,
-    ));
+    for (scope, at_most, ratio) in [
+        ("local", [1 << 30, 1 << 30], 1.0),
+        ("global", [1 << 29, 1 << 30], 2.5),
+    ] {
+        let line = method(
+            "similarity",
+            "similarity",
+            scope,
+            params(at_most),
+            ratio,
+            2.0,
+        );
+        r.methods.push(line);
+    }
     let h = html::render(&r);
     keep("windows.html", &h);
     assert_well_formed(&h);

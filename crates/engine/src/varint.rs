@@ -57,6 +57,7 @@ pub fn get_len(buf: &[u8], pos: &mut usize, limit: usize, what: &'static str) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn len_is_what_put_writes() {
@@ -66,7 +67,6 @@ mod tests {
             assert_eq!(len(v), out.len(), "{v}");
         }
     }
-    use proptest::prelude::*;
 
     proptest! {
         #[test]
