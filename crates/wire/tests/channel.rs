@@ -1,68 +1,31 @@
 //! The dedup channel end to end over loopback TCP: round trips, bytes saved, the delta and
-//! multi-level paths, both directions, refusals, damage, vanishing peers, forgetful stores and
-//! the adaptive mode.
+//! multi-level paths, both directions, refusals, damage, vanishing peers and forgetful stores
+//! (the adaptive mode has its own binary: `adaptive.rs`).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dedupwire_engine::chunk::ChunkerSpec;
 use dedupwire_wire::channel::protocol::{self, EntryRef, Message, MessageEnd};
 use dedupwire_wire::channel::Xxh3Id;
 use dedupwire_wire::{
     ChannelConfig, ChannelStats, ChunkId, ChunkStore, DedupListener, DedupStream, EnvConfig,
-    Environment, Error, FrameType, Framed, Hello, Key, MemoryStore, Mode, Security, StoreError,
+    Environment, Error, FrameType, Framed, Hello, MemoryStore, Mode, Security, StoreError,
     Transport,
 };
 
-fn random(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
+mod common;
 
-/// Text-like bytes: words from a small vocabulary, so zstd and CDC both have something to do.
-fn structured(n: usize, seed: u64) -> Vec<u8> {
-    const WORDS: [&str; 12] = [
-        "def ", "return ", "self", ".value", " = ", "(x)", "\n    ", "import ", "django", "model",
-        ":\n", "# note ",
-    ];
-    let r = random(n, seed);
-    let mut out = Vec::with_capacity(n + 16);
-    let mut i = 0;
-    while out.len() < n {
-        out.extend_from_slice(WORDS[r[i % r.len()] as usize % WORDS.len()].as_bytes());
-        if r[(i * 7) % r.len()] < 8 {
-            out.extend_from_slice(format!("{i}").as_bytes());
-        }
-        i += 1;
-    }
-    out.truncate(n);
-    out
-}
-
-fn small_segments(mut c: ChannelConfig) -> ChannelConfig {
-    c.segment_size = 256 << 10;
-    c
-}
+use common::{keyed, random, small_segments, structured};
 
 fn dedup_config() -> ChannelConfig {
     let mut c = small_segments(ChannelConfig::default());
     c.mode = Mode::Dedup;
     c
-}
-
-fn keyed() -> Security {
-    Security::Key(Key::from_token("the channel tests' shared passphrase"))
 }
 
 /// Runs `server` on the accepted end in a thread and `client` on the connecting end, over
@@ -788,203 +751,6 @@ fn a_senders_environment_keeps_no_coarse_copy_of_what_it_sent_fine() {
     assert!(
         grew < kept / 20,
         "{grew} more bytes kept for a message sent before"
-    );
-}
-
-#[test]
-fn adaptive_mode_sends_random_data_plain_over_loopback() {
-    let mut c = small_segments(ChannelConfig::default());
-    c.mode = Mode::Adaptive;
-    let messages: Vec<Vec<u8>> = (0..12).map(|i| random(512 << 10, 60 + i)).collect();
-    let expect = messages.clone();
-    // Plaintext: this test is about timing, and predates encryption by default.
-    let (_, st) = pair_with(
-        Security::InsecurePlaintext,
-        c.clone(),
-        c,
-        Arc::new(MemoryStore::new()),
-        move |mut s| {
-            for m in &expect {
-                assert_eq!(&s.recv().unwrap(), m);
-            }
-        },
-        |mut c| {
-            for m in &messages {
-                c.send(m).unwrap();
-            }
-            let st = c.stats();
-            c.close().unwrap();
-            st
-        },
-    );
-    // Most segments go plain; the share of dedup probes depends on timing on a loaded machine
-    // (the first segments alternate until both ways are measured), so only a majority is asked.
-    assert!(
-        st.segments_plain > st.segments_dedup,
-        "plain {} (kept {}) dedup {} (rates: dedup {:.0} B/s, plain {:.0} B/s)",
-        st.segments_plain,
-        st.segments_kept,
-        st.segments_dedup,
-        st.dedup_rate,
-        st.plain_rate
-    );
-}
-
-/// A prior as `Prior::encode` lays it out (FORMAT.md, "Adaptive prior"): dedup's and plain's
-/// sender seconds per byte, nothing on the wire or at the receiver, the link not limiting.
-fn prior_note(dedup_secs: f64, plain_secs: f64) -> Vec<u8> {
-    let mut b = vec![1, 0, 0];
-    for v in [dedup_secs, 0.0, 0.0, plain_secs, 0.0, 0.0, 0.0] {
-        b.extend_from_slice(&f64::to_le_bytes(v));
-    }
-    b
-}
-
-/// Sends `messages` over a new plaintext connection in the adaptive mode, the sender's store
-/// being `store`; returns the sender's stats.
-fn adaptive_connection(store: Arc<MemoryStore>, messages: Vec<Vec<u8>>) -> ChannelStats {
-    let mut c = small_segments(ChannelConfig::default());
-    c.mode = Mode::Adaptive;
-    let expect = messages.clone();
-    let listener = DedupListener::bind(
-        "127.0.0.1:0",
-        Security::InsecurePlaintext,
-        Arc::new(MemoryStore::new()),
-        c.clone(),
-    )
-    .unwrap();
-    let addr = listener.local_addr().unwrap();
-    let h = thread::spawn(move || {
-        let mut s = listener.accept().unwrap();
-        for m in &expect {
-            assert_eq!(&s.recv().unwrap(), m);
-        }
-    });
-    let mut s = DedupStream::connect(addr, Security::InsecurePlaintext, store, c).unwrap();
-    for m in &messages {
-        s.send(m).unwrap();
-    }
-    let st = s.stats();
-    s.close().unwrap();
-    h.join().unwrap();
-    st
-}
-
-/// The prior a connection as far away as loopback reads: the LAN's, or the WAN's where the
-/// handshake's round trip took over a millisecond (a loaded machine).
-fn loopback_prior(store: &MemoryStore) -> Option<Vec<u8>> {
-    let lan = store.note("adaptive-lan").unwrap();
-    lan.or_else(|| store.note("adaptive-wan").unwrap())
-}
-
-fn keep_loopback_prior(store: &MemoryStore, note: &[u8]) {
-    for key in ["adaptive-lan", "adaptive-wan"] {
-        store.keep_note(key, note).unwrap();
-    }
-}
-
-#[test]
-fn the_next_connection_starts_from_what_the_last_one_measured() {
-    let store = Arc::new(MemoryStore::new());
-    let messages: Vec<Vec<u8>> = (0..6).map(|i| random(512 << 10, 90 + i)).collect();
-    adaptive_connection(store.clone(), messages);
-    let kept = loopback_prior(&store).expect("a prior kept at close");
-    assert!(dedupwire_wire::channel::Prior::decode(&kept).is_some());
-
-    // 384 KiB: at most six segments, fewer than the probe interval. Without a prior, segments
-    // alternate from the first, dedup first (at least two each way), or a WAN away dedup
-    // segments carry it all; with one, its way goes first and the other is probed once.
-    keep_loopback_prior(&store, &prior_note(1e-3, 1e-9));
-    let st = adaptive_connection(store.clone(), vec![random(384 << 10, 97)]);
-    assert!(
-        st.segments_dedup <= 1 && st.segments_plain >= 2,
-        "the prior favours plain: {st:?}"
-    );
-    keep_loopback_prior(&store, &prior_note(1e-9, 1e-3));
-    let st = adaptive_connection(store.clone(), vec![random(384 << 10, 98)]);
-    assert!(st.segments_plain <= 1, "the prior favours dedup: {st:?}");
-}
-
-/// A relay on loopback that holds every byte `delay` in each direction before passing it on:
-/// a WAN's round trip without a WAN. Returns the address to connect to instead of `target`.
-fn delayed_relay(target: std::net::SocketAddr, delay: Duration) -> std::net::SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    thread::spawn(move || {
-        let (near, _) = listener.accept().unwrap();
-        let far = TcpStream::connect(target).unwrap();
-        for (from, to) in [
-            (near.try_clone().unwrap(), far.try_clone().unwrap()),
-            (far, near),
-        ] {
-            let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
-            let mut from = from;
-            thread::spawn(move || {
-                let mut buf = vec![0u8; 64 << 10];
-                loop {
-                    match from.read(&mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => {
-                            if tx
-                                .send((Instant::now() + delay, buf[..n].to_vec()))
-                                .is_err()
-                            {
-                                break;
-                            }
-                        }
-                    }
-                }
-            });
-            let mut to = to;
-            thread::spawn(move || {
-                for (due, bytes) in rx {
-                    thread::sleep(due.saturating_duration_since(Instant::now()));
-                    if to.write_all(&bytes).is_err() {
-                        return;
-                    }
-                }
-                let _ = to.shutdown(std::net::Shutdown::Write);
-            });
-        }
-    });
-    addr
-}
-
-#[test]
-fn a_wan_away_the_adaptive_mode_samples_plain_without_sending_it() {
-    let mut c = small_segments(ChannelConfig::default());
-    c.mode = Mode::Adaptive;
-    let base = structured(2 << 20, 80);
-    let mut edited = base.clone();
-    for at in (0..edited.len()).step_by(300_000) {
-        edited[at..at + 64].copy_from_slice(&random(64, at as u64));
-    }
-    let messages = vec![base, edited, random(1 << 20, 81)];
-    let expect = messages.clone();
-    let listener = DedupListener::bind(
-        "127.0.0.1:0",
-        keyed(),
-        Arc::new(MemoryStore::new()),
-        c.clone(),
-    )
-    .unwrap();
-    let relay = delayed_relay(listener.local_addr().unwrap(), Duration::from_millis(3));
-    let h = thread::spawn(move || {
-        let mut s = listener.accept().unwrap();
-        for m in &expect {
-            assert_eq!(&s.recv().unwrap(), m);
-        }
-    });
-    let mut s = DedupStream::connect(relay, keyed(), Arc::new(MemoryStore::new()), c).unwrap();
-    for m in &messages {
-        s.send(m).unwrap();
-    }
-    let st = s.stats();
-    s.close().unwrap();
-    h.join().unwrap();
-    assert!(
-        st.plain_estimates > 0,
-        "6 ms away, plain is sampled dry: {st:?}"
     );
 }
 
