@@ -17,7 +17,7 @@ use std::path::Path;
 pub const DIRECT_MIN: u64 = 16 << 20;
 
 /// Alignment of direct reads (offset, length, buffer): the usual logical block size or more.
-const ALIGN: usize = 4096;
+pub const ALIGN: usize = 4096;
 
 /// Bytes per direct read.
 const CHUNK: usize = 4 << 20;
@@ -46,7 +46,8 @@ impl Source {
     ///
     /// Neither way zero-fills `out`'s spare capacity first, as std does for a `Read` that
     /// cannot write into uninitialized memory (all but its own types, on stable Rust): a
-    /// `File` reads straight into it, a direct read copies from the aligned buffer.
+    /// `File` reads straight into it, and so does a direct read where `out` ends at an aligned
+    /// address (a [`crate::input::BatchBuf`]); otherwise it copies from the aligned buffer.
     pub fn read_up_to(&mut self, want: usize, out: &mut Vec<u8>) -> io::Result<usize> {
         match self {
             Source::Buffered(f) => file_up_to(f, want, out),
@@ -130,12 +131,72 @@ impl Direct {
         Ok(n)
     }
 
+    /// Reads the whole aligned blocks of up to `want` bytes (at most a chunk) straight into `out`'s spare
+    /// capacity, when `out` ends at an aligned address and the file offset is aligned; `None`
+    /// where the chunk buffer must be used instead, `Some(0)` at the end of the file.
+    #[cfg(target_os = "linux")]
+    fn read_straight(&mut self, want: usize, out: &mut Vec<u8>) -> io::Result<Option<usize>> {
+        use std::os::fd::AsRawFd;
+        let len = want.min(CHUNK) / ALIGN * ALIGN;
+        if !self.direct || len == 0 || self.offset % ALIGN as u64 != 0 {
+            return Ok(None);
+        }
+        out.reserve(len);
+        let end = out.as_ptr() as usize + out.len();
+        if end % ALIGN != 0 {
+            return Ok(None);
+        }
+        let n = loop {
+            // SAFETY: the kernel writes at most `len` bytes into `out`'s spare capacity,
+            // which `reserve` made at least `len` long; nothing reads them before `set_len`.
+            let r = unsafe {
+                libc::read(
+                    self.file.as_raw_fd(),
+                    out.as_mut_ptr().add(out.len()).cast(),
+                    len,
+                )
+            };
+            if let Ok(n) = usize::try_from(r) {
+                break n;
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => {}
+                // A filesystem that took O_DIRECT but refuses its reads.
+                io::ErrorKind::InvalidInput => {
+                    self.stop_direct()?;
+                    return Ok(None);
+                }
+                _ => return Err(e),
+            }
+        };
+        // SAFETY: the read initialized these `n <= len` bytes.
+        unsafe { out.set_len(out.len() + n) };
+        self.offset += n as u64;
+        Ok(Some(n))
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn read_straight(&mut self, _: usize, _: &mut Vec<u8>) -> io::Result<Option<usize>> {
+        Ok(None)
+    }
+
     /// Appends up to `want` bytes to `out` and returns how many; fewer only at the end.
     fn read_up_to(&mut self, want: usize, out: &mut Vec<u8>) -> io::Result<usize> {
         let mut got = 0;
         while got < want {
-            if self.taken == self.filled && self.refill()? == 0 {
-                break;
+            if self.taken == self.filled {
+                match self.read_straight(want - got, out)? {
+                    Some(0) => break,
+                    Some(n) => {
+                        got += n;
+                        continue;
+                    }
+                    None => {}
+                }
+                if self.refill()? == 0 {
+                    break;
+                }
             }
             let n = (self.filled - self.taken).min(want - got);
             let at = self.skew + self.taken;
@@ -270,6 +331,39 @@ mod tests {
             }
             assert!(got == want, "{len} bytes read back differ");
         }
+    }
+
+    #[test]
+    fn reads_into_an_aligned_buffer_go_straight_there_and_the_rest_through_the_chunk_buffer() {
+        let len = 2 * CHUNK + 12_345;
+        let want = data(len);
+        let file = scratch("straight", &want);
+        let Some(mut d) = direct(&file.0) else {
+            return;
+        };
+        let mut batches = Vec::new();
+        loop {
+            let mut batch = crate::input::BatchBuf::with_capacity(CHUNK);
+            let n = d.read_up_to(CHUNK, batch.appender()).unwrap();
+            if batches.is_empty() {
+                assert_eq!(d.filled, 0, "the first batch bypassed the chunk buffer");
+            }
+            batches.push(batch);
+            if n < CHUNK {
+                break;
+            }
+        }
+        let got: Vec<u8> = batches.iter().flat_map(|b| b.iter().copied()).collect();
+        assert!(got == want);
+        // An unaligned place in the buffer: through the chunk buffer, the same bytes.
+        let Some(mut d) = direct(&file.0) else {
+            return;
+        };
+        let mut batch = crate::input::BatchBuf::with_capacity(len + 1);
+        batch.appender().push(b'x');
+        assert_eq!(d.read_up_to(len, batch.appender()).unwrap(), len);
+        assert!(d.filled > 0);
+        assert!(batch[1..] == want[..]);
     }
 
     #[test]
