@@ -11,6 +11,10 @@ use dedupwire_wire::{
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+mod common;
+
+use common::random;
+
 fn keyed() -> Security {
     Security::Key(Key::from_token("the async tests' shared passphrase"))
 }
@@ -21,18 +25,6 @@ fn config() -> ChannelConfig {
         segment_size: 1 << 20,
         ..ChannelConfig::default()
     }
-}
-
-fn random(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
 }
 
 fn listener(security: Security) -> DedupListener {

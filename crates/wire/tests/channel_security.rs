@@ -11,17 +11,9 @@ use dedupwire_wire::{
     ChannelConfig, DedupListener, DedupStream, Error, Key, MemoryStore, Mode, Security,
 };
 
-fn random(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
+mod common;
+
+use common::random;
 
 fn key(phrase: &str) -> Security {
     Security::Key(Key::from_token(phrase))

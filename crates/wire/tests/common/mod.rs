@@ -1,5 +1,8 @@
 //! Helpers the channel's test binaries share: test data and configurations.
 
+// Each test binary compiles this module and uses a part of it.
+#![allow(dead_code)]
+
 use dedupwire_wire::{ChannelConfig, Key, Security};
 
 /// Pseudo-random bytes (xorshift from `seed`): nothing for dedup or zstd to find.
