@@ -51,6 +51,13 @@ impl Memo {
         self.map.lock().expect("no panics while held").len()
     }
 
+    /// The method and input length of each compression remembered.
+    #[cfg(test)]
+    pub(crate) fn entries(&self) -> Vec<(Compression, usize)> {
+        let map = self.map.lock().expect("no panics while held");
+        map.keys().map(|k| (k.0, k.1)).collect()
+    }
+
     /// Compressions run so far (requests answered from the memo not counted).
     #[cfg(test)]
     pub(crate) fn runs(&self) -> u64 {
