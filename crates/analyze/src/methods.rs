@@ -1593,6 +1593,20 @@ mod tests {
             .collect()
     }
 
+    /// Compressible (one of 16 byte values each) and never repeating: zstd halves it and no
+    /// chunk of it is a duplicate.
+    fn nibbles(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed;
+        (0..n)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (x >> 60) as u8
+            })
+            .collect()
+    }
+
     fn opts() -> RunnerOptions {
         RunnerOptions {
             on_top: Compression::Zstd(3),
@@ -1776,15 +1790,7 @@ mod tests {
     fn a_method_that_removes_nothing_from_a_batch_shares_its_compression() {
         // Compressible, never repeating: 128 KiB chunks are unique, except one copy in the
         // third batch (not sampled) of one in the first.
-        let mut x = 7u64;
-        let mut data: Vec<u8> = (0..(15 * BATCH_BYTES))
-            .map(|_| {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                (x >> 60) as u8
-            })
-            .collect();
+        let mut data = nibbles(15 * BATCH_BYTES, 7);
         data.copy_within(..(128 << 10), 2 * BATCH_BYTES);
         let items = [data];
         let opts = RunnerOptions {
@@ -1828,15 +1834,7 @@ mod tests {
     fn an_item_too_large_to_buffer_samples_the_input_batches_compression_alone_does() {
         // A short item, then one of nine batches: it starts inside the first batch and fills
         // the others, so those are the bytes compression alone compresses there.
-        let mut x = 11u64;
-        let big: Vec<u8> = (0..(9 * BATCH_BYTES))
-            .map(|_| {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                (x >> 60) as u8
-            })
-            .collect();
+        let big = nibbles(9 * BATCH_BYTES, 11);
         let items = [noise(100_000, 5), big];
         let run = |compress_every| {
             let opts = RunnerOptions {
