@@ -131,9 +131,10 @@ impl Direct {
         Ok(n)
     }
 
-    /// Reads the whole aligned blocks of up to `want` bytes (at most a chunk) straight into `out`'s spare
-    /// capacity, when `out` ends at an aligned address and the file offset is aligned; `None`
-    /// where the chunk buffer must be used instead, `Some(0)` at the end of the file.
+    /// Reads the whole aligned blocks of up to `want` bytes (at most a chunk) straight into
+    /// `out`'s spare capacity, when `out` ends at an aligned address and the file offset is
+    /// aligned; `None` where the chunk buffer must be used instead, `Some(0)` at the end of
+    /// the file.
     #[cfg(target_os = "linux")]
     fn read_straight(&mut self, want: usize, out: &mut Vec<u8>) -> io::Result<Option<usize>> {
         use std::os::fd::AsRawFd;

@@ -756,8 +756,8 @@ const WHOLE_BUFFER: usize = if cfg!(test) { 1 << 20 } else { 64 << 20 };
 /// where input batches start and samples the input batches every stream samples, so an
 /// input batch the item fills is the very batch compression alone compresses, and the memo
 /// compresses it once (a tar image is one item: cut at its own 4 MiB, it was compressed
-/// apart, 0.3 CPU-s on the five Debian images, and estimated from other batches). An item whose size no other
-/// file has is new without being hashed (as duplicate finders such as `fdupes` do), which
+/// apart, 0.3 CPU-s on the five Debian images, and estimated from other batches). An item
+/// whose size no other file has is new without being hashed (as duplicate finders such as `fdupes` do), which
 /// spares hashing most bytes of inputs made of large files.
 struct WholeItem {
     hasher: xxhash_rust::xxh3::Xxh3,
@@ -767,11 +767,10 @@ struct WholeItem {
     pos: u64,
     /// Bytes of the current item so far.
     len: u64,
-    /// The input batch being pushed, and the one the current item's first byte is in.
+    /// The input batch being pushed.
     seq: u64,
-    first_seq: u64,
-    /// Input batches that start inside the current item while it is buffered: stream
-    /// position and number.
+    /// While the current item is buffered, the input batches its bytes lie in: where each
+    /// starts in the item (the first at the item's start) and its number.
     starts: Vec<(u64, u64)>,
     buf: Vec<u8>,
     big: Option<Residual>,
@@ -794,7 +793,7 @@ impl WholeItem {
 
     fn push(&mut self, data: &[u8], piece: Piece, size: &mut SizeState) {
         if self.len == 0 {
-            self.first_seq = self.seq;
+            self.starts.push((self.pos, self.seq));
         }
         if !piece.size_unique {
             self.hasher.update(data);
@@ -807,7 +806,6 @@ impl WholeItem {
             None if self.buf.len() + data.len() > WHOLE_BUFFER => {
                 let mut big = Residual::new(self.every, self.on_top, &self.memo);
                 let start = at - self.buf.len() as u64;
-                big.begin(start, self.first_seq);
                 for &(b, seq) in &self.starts {
                     big.begin(b, seq);
                 }
@@ -906,7 +904,6 @@ impl ExactRunner {
                 pos: 0,
                 len: 0,
                 seq: 0,
-                first_seq: 0,
                 starts: Vec::new(),
                 buf: Vec::new(),
                 big: None,
