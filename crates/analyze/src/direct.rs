@@ -240,7 +240,7 @@ fn set_direct(_: &File, on: bool) -> io::Result<()> {
 /// The fraction of `file`'s pages in the page cache (`mincore` over a mapping of it); 1.0
 /// where that cannot be told, so the file is read through the cache.
 #[cfg(target_os = "linux")]
-fn cached_fraction(file: &File, len: u64) -> f64 {
+pub(crate) fn cached_fraction(file: &File, len: u64) -> f64 {
     use std::os::fd::AsRawFd;
     let Ok(len) = usize::try_from(len) else {
         return 1.0;
@@ -274,7 +274,7 @@ fn cached_fraction(file: &File, len: u64) -> f64 {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn cached_fraction(_: &File, _: u64) -> f64 {
+pub(crate) fn cached_fraction(_: &File, _: u64) -> f64 {
     1.0
 }
 

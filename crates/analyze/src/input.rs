@@ -10,6 +10,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver};
 
+use crate::prefetch::Prefetcher;
 use crate::AnalyzeError;
 
 /// Bytes per batch handed to the methods.
@@ -180,6 +181,13 @@ pub fn read_batches(images: Vec<Image>) -> Receiver<Result<Batch, AnalyzeError>>
                 *same_size.entry(size).or_default() += 1;
             }
         }
+        let files = images
+            .iter()
+            .filter(|i| i.kind == ItemKind::File)
+            .flat_map(|i| i.files.iter().cloned().zip(i.sizes.iter().copied()))
+            .collect();
+        let prefetch = Prefetcher::start(files);
+        let mut opened = 0;
         let mut seq = 0;
         let mut send = |mut b: Batch| {
             b.seq = seq;
@@ -188,7 +196,11 @@ pub fn read_batches(images: Vec<Image>) -> Receiver<Result<Batch, AnalyzeError>>
         };
         for (i, image) in images.iter().enumerate() {
             let result = match image.kind {
-                ItemKind::File => read_files(i, image, &same_size, &mut send),
+                ItemKind::File => {
+                    let first = opened;
+                    opened += image.files.len();
+                    read_files(i, image, &same_size, (&prefetch, first), &mut send)
+                }
                 ItemKind::Document => read_documents(i, image, &mut send),
             };
             if let Err(e) = result {
@@ -210,14 +222,18 @@ fn new_batch(image: usize, kind: ItemKind) -> Batch {
     }
 }
 
+/// Reads `image`'s files into batches; `prefetch` asks for them ahead, and the first is its
+/// file number `first`.
 fn read_files(
     index: usize,
     image: &Image,
     same_size: &HashMap<u64, u32>,
+    (prefetch, first): (&Prefetcher, usize),
     send: &mut dyn FnMut(Batch) -> bool,
 ) -> Result<(), AnalyzeError> {
     let mut batch = new_batch(index, ItemKind::File);
-    for (path, size) in image.files.iter().zip(&image.sizes) {
+    for (k, (path, size)) in image.files.iter().zip(&image.sizes).enumerate() {
+        prefetch.reach(first + k);
         let size_unique = same_size.get(size) == Some(&1);
         let mut file = match crate::direct::Source::open(path) {
             Ok(f) => f,

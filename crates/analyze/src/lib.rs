@@ -20,6 +20,7 @@ mod memo;
 pub mod methods;
 mod multi_cut;
 mod parallel;
+mod prefetch;
 pub mod recommend;
 pub mod report;
 
