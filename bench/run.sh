@@ -2,12 +2,13 @@
 # Every benchmark, ours and the peers side by side in one run; tables on stdout, JSON in
 # target/bench-results/. The machine is shared and noisy: each figure is a median of runs.
 #   bench/run.sh                 all benchmarks
-#   bench/run.sh chunking delta  some of them (chunking, delta, reduction, analyze, analyze-images,
-#                                replicate, env, secure, channel, links)
+#   bench/run.sh chunking delta  some of them (chunking, delta, reduction, analyze,
+#                                analyze-images, analyze-trees, replicate, env, secure,
+#                                channel, links)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=("$@")
-[ ${#which[@]} -gt 0 ] || which=(chunking delta reduction analyze analyze-images replicate env secure channel links)
+[ ${#which[@]} -gt 0 ] || which=(chunking delta reduction analyze analyze-images analyze-trees replicate env secure channel links)
 command -v xdelta3 >/dev/null || { apt-get update -qq && apt-get install -y -qq xdelta3 >/dev/null; }
 data=$(bash bench/fetch-data.sh | tail -n 1)
 cargo build --release -q -p dedupwire-bench -p dedupwire-cli
@@ -117,6 +118,49 @@ if os.path.exists(full):
     devs = [abs(m['output_bytes'] - f[(m['name'], m['scope'])]) / f[(m['name'], m['scope'])]
             for m in r['methods'] if (m['name'], m['scope']) in f and m['rel_error'] > 0]
     print(f"  vs unsampled: median |deviation| {statistics.median(devs):.3f}, max {max(devs):.3f}")
+PY
+      ;;
+    analyze-trees)
+      # The same five snapshots as directory trees (unpacked from the images once, without
+      # their device nodes): about 100 000 files, most of them small. Three rounds, each: drop
+      # the page cache and read every file in order (`tar -cf - | cat`, what a sequential
+      # reader such as a backup gets), drop it and read them with 8 readers at once (what the
+      # disk gives in parallel), drop it and analyze them with the defaults. Medians.
+      bash bench/make-images.sh
+      trees=target/bench-data/trees
+      for t in target/bench-data/images/img-*.tar; do
+        d="$trees/$(basename "$t" .tar)"
+        if [ ! -d "$d" ]; then
+          rm -rf "$d.part" && mkdir -p "$d.part"
+          tar -xf "$t" -C "$d.part" --numeric-owner --exclude='./dev/*'
+          mv "$d.part" "$d"
+        fi
+      done
+      dirs=("$trees"/img-*)
+      drop() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || echo "(cannot drop the page cache: reads may be warm)" >&2; }
+      now() { date +%s.%N; }
+      rounds=()
+      for r in 1 2 3; do
+        drop; a0=$(now); tar -cf - "${dirs[@]}" | cat > /dev/null; a1=$(now)
+        drop; b0=$(now); find "${dirs[@]}" -type f -print0 | xargs -0 -P 8 -n 64 cat > /dev/null; b1=$(now)
+        drop; t0=$(now)
+        ./target/release/dedupwire analyze "${dirs[@]}" --json "$out/analyze-trees.json" -q
+        t1=$(now)
+        rounds+=("$a0,$a1,$b0,$b1,$t0,$t1")
+      done
+      python3 - "$out" "${rounds[@]}" <<'PY'
+import json, statistics, sys
+r = json.load(open(f"{sys.argv[1]}/analyze-trees.json"))
+mb = r['input_bytes'] / 1e6
+seq, par, ana = [], [], []
+for t in sys.argv[2:]:
+    a0, a1, b0, b1, t0, t1 = map(float, t.split(','))
+    seq.append(mb / (a1 - a0)); par.append(mb / (b1 - b0)); ana.append(mb / (t1 - t0))
+s, p, a = (statistics.median(x) for x in (seq, par, ana))
+print(f"analyze-trees: {mb:.0f} MB in {r['items']} files, {len(r['images'])} trees, {len(r['methods'])} method lines")
+print(f"  cold read, in order (tar | cat): {s:.0f} MB/s median of {[round(x) for x in seq]}")
+print(f"  cold read, 8 at once (xargs -P 8 cat): {p:.0f} MB/s median of {[round(x) for x in par]}")
+print(f"  dedupwire analyze: {a:.0f} MB/s median of {[round(x) for x in ana]}  = {a / s:.2f} x in-order read, {a / p:.2f} x parallel read")
 PY
       ;;
     *) echo "unknown benchmark $b" >&2; exit 2 ;;
