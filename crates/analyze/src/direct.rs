@@ -28,6 +28,8 @@ pub enum Source {
     Buffered(File),
     /// Around it.
     Direct(Direct),
+    /// Read already, by a [`crate::prefetch::Prefetcher`].
+    Fetched(crate::prefetch::Fetched),
 }
 
 impl Source {
@@ -52,6 +54,7 @@ impl Source {
         match self {
             Source::Buffered(f) => file_up_to(f, want, out),
             Source::Direct(d) => d.read_up_to(want, out),
+            Source::Fetched(f) => Ok(f.read_up_to(want, out)),
         }
     }
 }
@@ -211,7 +214,7 @@ impl Direct {
 
 /// Turns `O_DIRECT` on or off for `file`; an error where the OS or filesystem cannot.
 #[cfg(target_os = "linux")]
-fn set_direct(file: &File, on: bool) -> io::Result<()> {
+pub(crate) fn set_direct(file: &File, on: bool) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     let fd = file.as_raw_fd();
     // SAFETY: F_GETFL/F_SETFL on a descriptor we own only change its status flags.
@@ -229,7 +232,7 @@ fn set_direct(file: &File, on: bool) -> io::Result<()> {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn set_direct(_: &File, on: bool) -> io::Result<()> {
+pub(crate) fn set_direct(_: &File, on: bool) -> io::Result<()> {
     if on {
         Err(io::Error::from(io::ErrorKind::Unsupported))
     } else {

@@ -10,6 +10,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver};
 
+use crate::direct::Source;
 use crate::prefetch::Prefetcher;
 use crate::AnalyzeError;
 
@@ -233,11 +234,10 @@ fn read_files(
 ) -> Result<(), AnalyzeError> {
     let mut batch = new_batch(index, ItemKind::File);
     for (k, (path, size)) in image.files.iter().zip(&image.sizes).enumerate() {
-        prefetch.reach(first + k);
         let size_unique = same_size.get(size) == Some(&1);
-        let mut file = match crate::direct::Source::open(path) {
-            Ok(f) => f,
-            Err(e) => return Err(AnalyzeError::io(path, e)),
+        let mut file = match prefetch.take(first + k) {
+            Some(fetched) => Source::Fetched(fetched),
+            None => Source::open(path).map_err(|e| AnalyzeError::io(path, e))?,
         };
         loop {
             let start = batch.data.len();
@@ -263,6 +263,9 @@ fn read_files(
             if item_end {
                 break;
             }
+        }
+        if let Source::Fetched(fetched) = file {
+            prefetch.recycle(fetched);
         }
     }
     if !batch.pieces.is_empty() {
