@@ -177,8 +177,11 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
     m.lock().expect("no panics while held")
 }
 
+/// Wakes the workers waiting for room once the reader has used half the window, so that they
+/// take many files per wake-up rather than one each.
 fn wake_workers(sh: &Shared, st: &State) {
-    if st.workers_waiting > 0 {
+    let ahead = st.next.saturating_sub(st.reached);
+    if st.workers_waiting > 0 && st.held <= sh.ahead.0 / 2 && ahead <= sh.ahead.1 / 2 {
         sh.moved.notify_all();
     }
 }
