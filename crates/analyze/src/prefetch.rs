@@ -438,6 +438,14 @@ impl Prefetcher {
         r
     }
 
+    /// Waits until a worker took file `n` (or five seconds pass).
+    fn wait_taken(&self, n: usize) {
+        let t0 = std::time::Instant::now();
+        while !lock(&self.shared.state).slots.contains_key(&n) && t0.elapsed().as_secs() < 5 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     /// Waits until `want` files are read ahead (or five seconds pass), then a little longer
     /// for any others; the files read ahead.
     fn settle(&self, want: usize) -> Vec<usize> {
@@ -511,6 +519,8 @@ mod tests {
         assert_eq!(p.settle(3), [1, 2, 3], "the three files after the reader's");
         assert_eq!(taken(&p, 0), None, "the reader's own file is its to read");
         for (i, (path, _)) in files.iter().enumerate().skip(1) {
+            // A file no worker took yet is the reader's to read: wait until one did.
+            p.wait_taken(i);
             assert_eq!(taken(&p, i).as_deref(), Some(&content(i)[..]), "file {i}");
             let f = File::open(path).unwrap();
             assert_eq!(
@@ -536,8 +546,9 @@ mod tests {
         assert_eq!(p.settle(2), [1, 3], "two files' bytes ahead at most");
         assert_eq!(taken(&p, 1).as_deref(), Some(&content(1)[..]));
         assert_eq!(taken(&p, 2), None);
-        // Taken at once: the reader waits for files still being read.
+        // The reader waits for files being read.
         for i in 3..6 {
+            p.wait_taken(i);
             assert_eq!(taken(&p, i).as_deref(), Some(&content(i)[..]), "file {i}");
         }
         drop(p);
