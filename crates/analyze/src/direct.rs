@@ -240,11 +240,15 @@ pub(crate) fn set_direct(_: &File, on: bool) -> io::Result<()> {
     }
 }
 
-/// The fraction of `file`'s pages in the page cache (`mincore` over a mapping of it); 1.0
-/// where that cannot be told, so the file is read through the cache.
+/// The fraction of `file`'s first `len` bytes' pages in the page cache: one `cachestat` call
+/// where the kernel has it (Linux 6.5), else `mincore` over a mapping of the file; 1.0 where
+/// that cannot be told, so the file is read through the cache.
 #[cfg(target_os = "linux")]
 pub(crate) fn cached_fraction(file: &File, len: u64) -> f64 {
     use std::os::fd::AsRawFd;
+    if let Some(pages) = cachestat(file, len) {
+        return pages as f64 / len.div_ceil(4096).max(1) as f64;
+    }
     let Ok(len) = usize::try_from(len) else {
         return 1.0;
     };
@@ -274,6 +278,43 @@ pub(crate) fn cached_fraction(file: &File, len: u64) -> f64 {
         }
     }
     resident.iter().filter(|&&r| r & 1 != 0).count() as f64 / pages as f64
+}
+
+/// Pages of `file`'s first `len` bytes in the page cache (`cachestat`); `None` where the
+/// kernel lacks the call or the file cannot be asked (a FIFO).
+#[cfg(target_os = "linux")]
+fn cachestat(file: &File, len: u64) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    /// `cachestat`'s number on every architecture with the common system call table.
+    const SYS_CACHESTAT: libc::c_long = 451;
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Stat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    let range = Range { off: 0, len };
+    let mut stat = Stat::default();
+    // SAFETY: cachestat reads `range` and writes `stat`, both live `repr(C)` values of the
+    // layout the kernel's ABI fixes; it changes nothing else.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            file.as_raw_fd(),
+            &range as *const Range,
+            &mut stat as *mut Stat,
+            0u32,
+        )
+    };
+    (r == 0).then_some(stat.nr_cache)
 }
 
 #[cfg(not(target_os = "linux"))]

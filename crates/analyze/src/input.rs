@@ -223,8 +223,8 @@ fn new_batch(image: usize, kind: ItemKind) -> Batch {
     }
 }
 
-/// Reads `image`'s files into batches; `prefetch` asks for them ahead, and the first is its
-/// file number `first`.
+/// Reads `image`'s files into batches, taking those `prefetch` read ahead from it; the
+/// image's first file is its file number `first`.
 fn read_files(
     index: usize,
     image: &Image,

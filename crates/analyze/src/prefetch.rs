@@ -8,7 +8,8 @@
 //! reads are in flight at once, and the kernel does not fill and copy out a page-cache page
 //! for every 4 KiB (eight readers of this project's Debian trees, 3.3 GB, took 4.5 CPU-seconds
 //! through the cache and 2.9 around it, each copying what it read once more). A file in the
-//! cache, or on a filesystem that refuses `O_DIRECT`, is only asked for
+//! cache ([`crate::direct::cached_fraction`]), or on a filesystem that refuses `O_DIRECT`, is
+//! only asked for
 //! (`POSIX_FADV_WILLNEED`) and read by the reader as before.
 //!
 //! The workers stay at most [`AHEAD_BYTES`] and [`AHEAD_FILES`] ahead of the reader, and leave
@@ -24,7 +25,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use crate::direct::{ALIGN, DIRECT_MIN};
+use crate::direct::{cached_fraction, ALIGN, DIRECT_MIN};
 
 /// Bytes of files taken by the workers and not yet by the reader, at most.
 const AHEAD_BYTES: u64 = 16 << 20;
@@ -268,7 +269,7 @@ fn fetch(path: &std::path::Path, size: u64, buf: Vec<u8>, direct: bool) -> Fetch
     let Ok(file) = open(path) else {
         return Fetch::Left(buf, false);
     };
-    if !direct || cached(&file, size) {
+    if !direct || cached_fraction(&file, size) >= 0.5 {
         will_need(&file, size);
         return Fetch::Left(buf, false);
     }
@@ -353,52 +354,6 @@ fn read_at_end(_: &File, _: &mut Vec<u8>, _: usize) -> io::Result<usize> {
     Err(io::Error::from(io::ErrorKind::Unsupported))
 }
 
-/// Whether at least half of `file`'s `size` bytes are in the page cache (`cachestat`, one
-/// call, where the kernel has it: Linux 6.5; else `mincore`).
-#[cfg(target_os = "linux")]
-fn cached(file: &File, size: u64) -> bool {
-    use std::os::fd::AsRawFd;
-    /// `cachestat`'s number on every architecture with the common system call table.
-    const SYS_CACHESTAT: libc::c_long = 451;
-    #[repr(C)]
-    struct Range {
-        off: u64,
-        len: u64,
-    }
-    #[repr(C)]
-    #[derive(Default)]
-    struct Stat {
-        nr_cache: u64,
-        nr_dirty: u64,
-        nr_writeback: u64,
-        nr_evicted: u64,
-        nr_recently_evicted: u64,
-    }
-    let range = Range { off: 0, len: size };
-    let mut stat = Stat::default();
-    // SAFETY: cachestat reads `range` and writes `stat`, both live `repr(C)` values of the
-    // layout the kernel's ABI fixes; it changes nothing else.
-    let r = unsafe {
-        libc::syscall(
-            SYS_CACHESTAT,
-            file.as_raw_fd(),
-            &range as *const Range,
-            &mut stat as *mut Stat,
-            0u32,
-        )
-    };
-    if r == 0 {
-        let pages = size.div_ceil(4096).max(1);
-        return stat.nr_cache * 2 >= pages;
-    }
-    crate::direct::cached_fraction(file, size) >= 0.5
-}
-
-#[cfg(not(target_os = "linux"))]
-fn cached(_: &File, _: u64) -> bool {
-    true
-}
-
 /// Bytes asked for at once: the kernel reads at most its readahead window (or the device's
 /// largest request) per request, often less than a file.
 const PIECE: u64 = 2 << 20;
@@ -466,7 +421,6 @@ impl Prefetcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::direct::cached_fraction;
     use std::path::Path;
 
     const LEN: usize = 20_000;
