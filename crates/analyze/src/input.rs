@@ -386,4 +386,23 @@ mod tests {
             [(3, false), (3, false), (5, false), (9, true), (5, false)]
         );
     }
+
+    #[test]
+    fn a_file_gone_since_it_was_listed_is_an_error_naming_it() {
+        // On the repository's filesystem (the workers read ahead around the page cache there).
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../target/input-tests")
+            .join(format!("gone-{}", std::process::id()));
+        std::fs::create_dir_all(&root).unwrap();
+        for i in 0..40 {
+            std::fs::write(root.join(format!("f{i:02}")), vec![i as u8; 10_000]).unwrap();
+        }
+        let images = scan(std::slice::from_ref(&root)).unwrap();
+        std::fs::remove_file(root.join("f30")).unwrap();
+        let failure = read_batches(images).into_iter().find_map(|b| b.err());
+        std::fs::remove_dir_all(&root).unwrap();
+        let failure = failure.expect("the missing file is an error").to_string();
+        assert!(failure.contains("f30"), "{failure}");
+        assert!(failure.contains("No such file"), "{failure}");
+    }
 }
