@@ -1193,31 +1193,44 @@ impl Runner for ExactRunner {
 struct SimilarityRunner {
     opts: RunnerOptions,
     image: Option<usize>,
+    /// With one image, its only scope, encoded on this thread.
     local: [Option<SimScope>; 2],
-    /// The global scope encodes on its own thread, from the batches and the cuts,
-    /// fingerprints and features this one prepared for both scopes.
-    global: Option<GlobalSim>,
-    /// The units both scopes' windows hold, each kept once (with several images).
-    store: Option<Arc<UnitStore>>,
     local_done: [SimTotals; 2],
+    /// With several images, each scope encodes on a thread of its own, from the batches and
+    /// the cuts, fingerprints and features this one prepared for both: the three share the
+    /// work, where one thread preparing and encoding the local scope held the others up.
+    scopes: Option<[ScopeThread; 2]>,
+    /// Per item kind, an encoder that only prepares batches for the scope threads.
+    prep: [Option<Encoder>; 2],
     input_bytes: u64,
 }
 
-/// A batch for the global scope: its kind slot, configuration, the batch, its preparation and
+/// A batch for a scope thread: its kind slot, configuration, the batch, its preparation and
 /// that preparation's CPU seconds.
-type GlobalJob = (usize, PipelineConfig, Arc<Batch>, Arc<Prepared>, f64);
+type SimJob = (usize, PipelineConfig, Arc<Batch>, Arc<Prepared>, f64);
 
-struct GlobalSim {
-    tx: SyncSender<GlobalJob>,
-    handle: JoinHandle<[Option<SimScope>; 2]>,
+/// One similarity scope encoding on its own thread; the thread returns what it measured.
+struct ScopeThread {
+    tx: SyncSender<SimJob>,
+    handle: JoinHandle<[SimTotals; 2]>,
 }
 
-impl GlobalSim {
-    fn start(every: u64, on_top: Compression, memo: Memo, store: Arc<UnitStore>) -> Self {
-        let (tx, rx) = sync_channel::<GlobalJob>(4);
+impl ScopeThread {
+    /// A thread for the local scope (`per_image`: a new window for each image) or the global
+    /// one, its windows' units held in the shared `store`.
+    fn start(per_image: bool, opts: &RunnerOptions, store: &Arc<UnitStore>) -> Self {
+        let (tx, rx) = sync_channel::<SimJob>(4);
+        let (every, on_top) = (opts.compress_every, opts.on_top);
+        let (memo, store) = (opts.memo.clone(), Arc::clone(store));
         let handle = std::thread::spawn(move || {
             let mut scopes: [Option<SimScope>; 2] = [None, None];
+            let mut done = [SimTotals::default(); 2];
+            let mut image = None;
             for (slot, config, batch, prepared, prepare_cpu) in rx {
+                if per_image && image.is_some_and(|i| i != batch.image) {
+                    retire(&mut scopes, &mut done);
+                }
+                image = Some(batch.image);
                 let items: Vec<&[u8]> = batch.pieces.iter().map(|p| batch.bytes(p)).collect();
                 let owner: SharedBytes = batch.clone();
                 scopes[slot]
@@ -1226,9 +1239,33 @@ impl GlobalSim {
                     })
                     .feed((&owner, batch.seq), &items, &prepared, prepare_cpu);
             }
-            scopes
+            retire(&mut scopes, &mut done);
+            done
         });
-        GlobalSim { tx, handle }
+        ScopeThread { tx, handle }
+    }
+
+    fn send(&self, job: SimJob) {
+        self.tx
+            .send(job)
+            .expect("a similarity scope thread runs until its sender is dropped");
+    }
+
+    fn join(self) -> [SimTotals; 2] {
+        drop(self.tx);
+        self.handle
+            .join()
+            .expect("a similarity scope thread does not panic")
+    }
+}
+
+/// Adds what `scopes` measured to `done` and drops them. Images are analyzed one after
+/// another: index memory is the largest, not the sum.
+fn retire(scopes: &mut [Option<SimScope>; 2], done: &mut [SimTotals; 2]) {
+    for (scope, done) in scopes.iter_mut().zip(done) {
+        if let Some(mut s) = scope.take() {
+            *done = done.add(s.totals(), u64::max);
+        }
     }
 }
 
@@ -1256,15 +1293,7 @@ impl SimScope {
         memo: &Memo,
         store: Option<&Arc<UnitStore>>,
     ) -> Self {
-        let config = PipelineConfig {
-            compression: Compression::None,
-            ..config
-        };
-        let mut encoder = Encoder::new(config)
-            .expect("built-in configurations are valid")
-            .with_fingerprinter(Fingerprinter::estimate())
-            .without_content_hash()
-            .with_smaller_windows();
+        let mut encoder = sim_encoder(config).with_smaller_windows();
         if let Some(store) = store {
             encoder = encoder.with_unit_store(Arc::clone(store));
         }
@@ -1325,6 +1354,19 @@ impl SimScope {
                 .unwrap_or_default(),
         }
     }
+}
+
+/// An encoder as the similarity scopes use it: without compression (their frames are
+/// compressed as a residual stream), xxh3 ids, no content hash.
+fn sim_encoder(config: PipelineConfig) -> Encoder {
+    let config = PipelineConfig {
+        compression: Compression::None,
+        ..config
+    };
+    Encoder::new(config)
+        .expect("built-in configurations are valid")
+        .with_fingerprinter(Fingerprinter::estimate())
+        .without_content_hash()
 }
 
 /// What a similarity scope measured (summed over item kinds and images).
@@ -1424,16 +1466,17 @@ fn prepare_units(prep: &UnitPrep, units: &[&[u8]]) -> Vec<(PreparedUnits, f64)> 
 
 impl SimilarityRunner {
     fn new(opts: &RunnerOptions) -> Result<Self, AnalyzeError> {
-        let store = opts.several_images.then(Arc::<UnitStore>::default);
+        let scopes = opts.several_images.then(|| {
+            let store = Arc::<UnitStore>::default();
+            [true, false].map(|per_image| ScopeThread::start(per_image, opts, &store))
+        });
         Ok(SimilarityRunner {
             opts: opts.clone(),
             image: None,
             local: [None, None],
-            global: store.clone().map(|store| {
-                GlobalSim::start(opts.compress_every, opts.on_top, opts.memo.clone(), store)
-            }),
-            store,
             local_done: [SimTotals::default(); 2],
+            scopes,
+            prep: [None, None],
             input_bytes: 0,
         })
     }
@@ -1449,32 +1492,18 @@ impl SimilarityRunner {
             ..base
         }
     }
-
-    fn retire_local(&mut self) {
-        for slot in 0..2 {
-            if let Some(mut s) = self.local[slot].take() {
-                // Images are analyzed one after another: index memory is the largest, not the sum.
-                self.local_done[slot] = self.local_done[slot].add(s.totals(), u64::max);
-            }
-        }
-    }
 }
 
 impl Runner for SimilarityRunner {
     fn feed(&mut self, batch: &Arc<Batch>) {
         if self.image.is_some_and(|i| i != batch.image) {
-            self.retire_local();
+            retire(&mut self.local, &mut self.local_done);
         }
         self.image = Some(batch.image);
         self.input_bytes += batch.data.len() as u64;
         let slot = kind_slot(batch.kind);
         let items: Vec<&[u8]> = batch.pieces.iter().map(|p| batch.bytes(p)).collect();
         let config = self.config(batch.kind);
-        let (every, on_top) = (self.opts.compress_every, self.opts.on_top);
-        let memo = &self.opts.memo;
-        let store = self.store.as_ref();
-        let local = self.local[slot]
-            .get_or_insert_with(|| SimScope::new(config, every, on_top, memo, store));
         // The ids are xxh3 (an estimate needs no collision resistance); a deployment's BLAKE3
         // is charged at its measured cost for units of this size instead.
         let unit_bytes = match config.chunker {
@@ -1486,55 +1515,47 @@ impl Runner for SimilarityRunner {
         let mut prepare_cpu = ((self.opts.blake3_s_per_byte)(unit_bytes)
             + self.opts.frame_hash_s_per_byte)
             * batch.data.len() as f64;
-        let owner: SharedBytes = batch.clone();
-        let Some(global) = &self.global else {
+        let Some(scopes) = &self.scopes else {
             // One scope: the encoder computes features only for units it does not find whole.
+            let (every, on_top) = (self.opts.compress_every, self.opts.on_top);
+            let local = self.local[slot]
+                .get_or_insert_with(|| SimScope::new(config, every, on_top, &self.opts.memo, None));
             let mut prepared = Prepared::default();
             charge(&mut prepare_cpu, || {
                 local.encoder.prepare_fingerprints(&items, &mut prepared)
             });
+            let owner: SharedBytes = batch.clone();
             local.feed((&owner, batch.seq), &items, &prepared, prepare_cpu);
             return;
         };
+        let prep = self.prep[slot].get_or_insert_with(|| sim_encoder(config));
         let mut prepared = Prepared::default();
         charge(&mut prepare_cpu, || {
-            local.encoder.prepare_cuts(&items, &mut prepared)
+            prep.prepare_cuts(&items, &mut prepared)
         });
         let units = prepared.units(&items);
-        for (done, cpu) in prepare_units(&local.encoder.unit_prep(), &units) {
+        for (done, cpu) in prepare_units(&prep.unit_prep(), &units) {
             prepared.append_units(&done);
             prepare_cpu += cpu;
         }
         let prepared = Arc::new(prepared);
-        let job = (
-            slot,
-            config,
-            Arc::clone(batch),
-            Arc::clone(&prepared),
-            prepare_cpu,
-        );
-        global
-            .tx
-            .send(job)
-            .expect("the global similarity scope runs until its sender is dropped");
-        local.feed((&owner, batch.seq), &items, &prepared, prepare_cpu);
+        for scope in scopes {
+            scope.send((
+                slot,
+                config,
+                Arc::clone(batch),
+                Arc::clone(&prepared),
+                prepare_cpu,
+            ));
+        }
     }
 
     fn finish(mut self: Box<Self>) -> Vec<Measured> {
-        self.retire_local();
-        let mut scopes = match self.global.take() {
-            Some(GlobalSim { tx, handle }) => {
-                drop(tx);
-                handle
-                    .join()
-                    .expect("the global similarity scope does not panic")
-            }
-            None => [None, None],
+        retire(&mut self.local, &mut self.local_done);
+        let (local, global) = match self.scopes.take() {
+            Some([local, global]) => (local.join(), global.join()),
+            None => (self.local_done, self.local_done),
         };
-        let global: [SimTotals; 2] = std::array::from_fn(|slot| match &mut scopes[slot] {
-            Some(s) => s.totals(),
-            None => self.local_done[slot],
-        });
         let sum = |t: &[SimTotals; 2]| t[0].add(t[1], |a, b| a + b);
         let on_top = short(self.opts.on_top);
         let params = serde_json::json!({
@@ -1543,7 +1564,7 @@ impl Runner for SimilarityRunner {
             "window_bytes": self.opts.window_bytes,
         });
         let mut out = Vec::new();
-        for (scope, t) in [("local", sum(&self.local_done)), ("global", sum(&global))] {
+        for (scope, t) in [("local", sum(&local)), ("global", sum(&global))] {
             let mut params = params.clone();
             params["beyond_window_bytes"] = t.beyond_window.into();
             let mut plain = params.clone();
