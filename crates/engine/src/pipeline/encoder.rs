@@ -611,7 +611,7 @@ impl Encoder {
             self.stats.literal_bytes += unit.len() as u64;
         }
         let held = match &self.store {
-            Some(store) => store.hold(unit, fp.prefix_u64()),
+            Some(store) => store.hold(unit, &fp),
             None => Unit::of(unit, owner),
         };
         let id = self.window.push(held);

@@ -4,6 +4,9 @@ use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::sync::{Arc, Mutex, Weak};
 
+use crate::exact_index::PassThrough;
+use crate::fingerprint::Fingerprint;
+
 /// A buffer several holders share: the encoder's window may keep parts of it instead of
 /// copies (see [`super::Encoder::encode_prepared_from`]).
 pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
@@ -44,8 +47,10 @@ impl Unit {
 
 /// Copies of units that several encoders' windows hold, by fingerprint: an encoder given
 /// one (see [`super::Encoder::with_unit_store`]) keeps each unit as its own copy, shared with
-/// any other window holding the same bytes, and pins no input buffer. An analysis running
-/// two scopes over the same data then holds each byte once.
+/// any other window holding the same fingerprint, and pins no input buffer. An analysis
+/// running two scopes over the same data then holds each byte once. Encoders sharing a store
+/// must share a fingerprinter: like the encoder's own exact index, the store takes equal
+/// fingerprints (and lengths) for equal bytes.
 #[derive(Default)]
 pub struct UnitStore {
     held: Mutex<StoreMap>,
@@ -53,7 +58,7 @@ pub struct UnitStore {
 
 #[derive(Default)]
 struct StoreMap {
-    copies: HashMap<u64, Weak<Vec<u8>>>,
+    copies: HashMap<Fingerprint, Weak<Vec<u8>>, PassThrough>,
     /// Entries at the last sweep of dropped copies.
     swept_at: usize,
 }
@@ -65,19 +70,19 @@ impl std::fmt::Debug for UnitStore {
 }
 
 impl UnitStore {
-    /// `unit` (fingerprint prefix `key`) as a held copy: one another window holds if its
-    /// bytes are the same, else a new one, remembered for the others.
-    pub(super) fn hold(&self, unit: &[u8], key: u64) -> Unit {
-        if let Some(held) = Self::held_copy(&self.map(), unit, key) {
+    /// `unit` (fingerprint `fp`) as a held copy: one another window holds under `fp`, else a
+    /// new one, remembered for the others.
+    pub(super) fn hold(&self, unit: &[u8], fp: &Fingerprint) -> Unit {
+        if let Some(held) = Self::held_copy(&self.map(), unit, fp) {
             return Unit::Shared(held, 0..unit.len());
         }
         let copy = Arc::new(unit.to_vec());
         let mut map = self.map();
         // The other encoder may have stored the same unit meanwhile.
-        if let Some(theirs) = Self::held_copy(&map, unit, key) {
+        if let Some(theirs) = Self::held_copy(&map, unit, fp) {
             return Unit::Shared(theirs, 0..unit.len());
         }
-        map.copies.insert(key, Arc::downgrade(&copy));
+        map.copies.insert(*fp, Arc::downgrade(&copy));
         if map.copies.len() >= 2 * map.swept_at.max(1 << 16) {
             map.copies.retain(|_, w| w.strong_count() > 0);
             map.swept_at = map.copies.len();
@@ -85,10 +90,10 @@ impl UnitStore {
         Unit::Shared(copy, 0..unit.len())
     }
 
-    /// The live copy under `key`, if it holds `unit`'s bytes.
-    fn held_copy(map: &StoreMap, unit: &[u8], key: u64) -> Option<Arc<Vec<u8>>> {
-        let copy = map.copies.get(&key)?.upgrade()?;
-        (copy.as_slice() == unit).then_some(copy)
+    /// The live copy under `fp`, if it is as long as `unit`.
+    fn held_copy(map: &StoreMap, unit: &[u8], fp: &Fingerprint) -> Option<Arc<Vec<u8>>> {
+        let copy = map.copies.get(fp)?.upgrade()?;
+        (copy.len() == unit.len()).then_some(copy)
     }
 
     fn map(&self) -> std::sync::MutexGuard<'_, StoreMap> {
@@ -193,6 +198,10 @@ impl Window {
 mod tests {
     use super::*;
 
+    fn fp(n: u8) -> Fingerprint {
+        Fingerprint([n; 32])
+    }
+
     #[test]
     fn a_unit_inside_its_owner_is_shared_and_one_outside_is_copied() {
         let owner: SharedBytes = Arc::new(b"0123456789".to_vec());
@@ -236,7 +245,7 @@ mod tests {
         let store = UnitStore::default();
         let owner: SharedBytes = Arc::new(vec![7u8; 100]);
         let mut w = Window::new(1000);
-        let first = w.push(store.hold(b"stored", 1));
+        let first = w.push(store.hold(b"stored", &fp(1)));
         w.push(Unit::of(&(*owner).as_ref()[..10], Some(&owner)));
         w.own_if_sparse(first, &owner);
         assert!(
@@ -255,9 +264,10 @@ mod tests {
     fn windows_given_one_store_hold_each_unit_once() {
         let store = UnitStore::default();
         let (mut a, mut b) = (Window::new(100), Window::new(100));
-        let ia = a.push(store.hold(b"same", 1));
-        let ib = b.push(store.hold(b"same", 1));
-        let other = b.push(store.hold(b"else", 1));
+        let ia = a.push(store.hold(b"same", &fp(1)));
+        let ib = b.push(store.hold(b"same", &fp(1)));
+        let other = b.push(store.hold(b"else", &fp(2)));
+        let longer = b.push(store.hold(b"same, longer", &fp(1)));
         let (Unit::Shared(x, _), Unit::Shared(y, _)) = (&a.units[0], &b.units[0]) else {
             panic!("stored units are shared");
         };
@@ -266,14 +276,15 @@ mod tests {
             (a.get(ia), b.get(ib)),
             (Some(&b"same"[..]), Some(&b"same"[..]))
         );
+        assert_eq!(b.get(other), Some(&b"else"[..]));
         assert_eq!(
-            b.get(other),
-            Some(&b"else"[..]),
-            "a key collision gets its own copy"
+            b.get(longer),
+            Some(&b"same, longer"[..]),
+            "a fingerprint held at another length gets its own copy"
         );
         drop((a, b));
         let mut c = Window::new(100);
-        let ic = c.push(store.hold(b"same", 1));
+        let ic = c.push(store.hold(b"same", &fp(1)));
         assert_eq!(
             c.get(ic),
             Some(&b"same"[..]),
