@@ -142,16 +142,7 @@ pub fn scan(paths: &[PathBuf]) -> Result<Vec<Image>, AnalyzeError> {
         let mut files = Vec::new();
         let mut sizes = Vec::new();
         if meta.is_dir() {
-            for entry in walkdir::WalkDir::new(path).sort_by_file_name() {
-                let entry = entry.map_err(|e| {
-                    let p = e.path().unwrap_or(path).to_path_buf();
-                    AnalyzeError::io(&p, e.into())
-                })?;
-                if entry.file_type().is_file() {
-                    sizes.push(entry.metadata().map(|m| m.len()).unwrap_or(0));
-                    files.push(entry.into_path());
-                }
-            }
+            (files, sizes) = list_files(path)?;
         } else {
             sizes.push(meta.len());
             files.push(path.clone());
@@ -170,6 +161,41 @@ pub fn scan(paths: &[PathBuf]) -> Result<Vec<Image>, AnalyzeError> {
         });
     }
     Ok(images)
+}
+
+/// Directories [`list_files`] reads at once: on a cold cache each directory and inode read
+/// waits on the disk, and the 76 590 files of the benchmark's five trees were listed in
+/// 0.8 s by eight `find`s against 1.4 s by one.
+const LIST_THREADS: usize = 8;
+
+/// The regular files under `dir` (symbolic links not followed), each directory's entries in
+/// name order and its subdirectories' files in place, with their sizes; directories are read
+/// by [`LIST_THREADS`] threads.
+fn list_files(dir: &Path) -> Result<(Vec<PathBuf>, Vec<u64>), AnalyzeError> {
+    let walk = jwalk::WalkDirGeneric::<((), u64)>::new(dir)
+        .sort(true)
+        .skip_hidden(false)
+        .follow_links(false)
+        .parallelism(jwalk::Parallelism::RayonNewPool(LIST_THREADS))
+        .process_read_dir(|_, _, _, children| {
+            for entry in children.iter_mut().flatten() {
+                if entry.file_type.is_file() {
+                    entry.client_state = entry.metadata().map_or(0, |m| m.len());
+                }
+            }
+        });
+    let (mut files, mut sizes) = (Vec::new(), Vec::new());
+    for entry in walk {
+        let entry = entry.map_err(|e| {
+            let p = e.path().unwrap_or(dir).to_path_buf();
+            AnalyzeError::io(&p, e.into())
+        })?;
+        if entry.file_type.is_file() {
+            sizes.push(entry.client_state);
+            files.push(entry.path());
+        }
+    }
+    Ok((files, sizes))
 }
 
 /// Starts a reader thread that sends the images' batches in order; an error ends the stream.
@@ -385,6 +411,58 @@ mod tests {
             flags,
             [(3, false), (3, false), (5, false), (9, true), (5, false)]
         );
+    }
+
+    #[test]
+    fn a_tree_lists_its_regular_files_depth_first_in_name_order() {
+        let root = std::env::temp_dir().join(format!("dedupwire-list-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for dir in ["b/d", "b/c", "a", ".hidden"] {
+            std::fs::create_dir_all(root.join(dir)).unwrap();
+        }
+        for (name, len) in [
+            ("z", 1),
+            ("b/d/x", 2),
+            ("b/c/y", 3),
+            ("b/a", 4),
+            ("a/f", 5),
+            (".hidden/h", 6),
+            (".dot", 7),
+            ("B", 8),
+        ] {
+            std::fs::write(root.join(name), vec![0u8; len]).unwrap();
+        }
+        std::os::unix::fs::symlink(root.join("z"), root.join("link")).unwrap();
+        std::os::unix::fs::symlink(root.join("b"), root.join("linked-dir")).unwrap();
+        let (files, sizes) = list_files(&root).unwrap();
+        let names: Vec<String> = files
+            .iter()
+            .map(|f| f.strip_prefix(&root).unwrap().display().to_string())
+            .collect();
+        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(
+            names,
+            [
+                ".dot",
+                ".hidden/h",
+                "B",
+                "a/f",
+                "b/a",
+                "b/c/y",
+                "b/d/x",
+                "z"
+            ],
+            "hidden files count, links do not"
+        );
+        assert_eq!(sizes, [7, 6, 8, 5, 4, 3, 2, 1]);
+    }
+
+    #[test]
+    fn a_tree_that_cannot_be_listed_is_an_error_naming_it() {
+        let missing = std::env::temp_dir().join(format!("dedupwire-none-{}", std::process::id()));
+        let failure = list_files(&missing).expect_err("no such tree").to_string();
+        assert!(failure.contains("dedupwire-none-"), "{failure}");
+        assert!(failure.contains("No such file"), "{failure}");
     }
 
     #[test]
