@@ -301,7 +301,8 @@ impl Encoder {
 
     /// This encoder keeping its window's units in `store`, shared with the other encoders given
     /// it, instead of in the buffers its items lie in: an analysis running several scopes
-    /// over the same data holds each unit once. The stream is the same.
+    /// over the same data holds each unit once. The stream is the same. Encoders sharing a
+    /// store must share a fingerprinter: it matches units by fingerprint and length.
     pub fn with_unit_store(mut self, store: Arc<UnitStore>) -> Self {
         self.store = Some(store);
         self
