@@ -9,8 +9,10 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::OnceLock;
 
 use crate::direct::Source;
+use crate::multi_cut::GearScan;
 use crate::prefetch::Prefetcher;
 use crate::AnalyzeError;
 
@@ -69,6 +71,9 @@ pub struct Batch {
     pub data: BatchBuf,
     /// The pieces, in order.
     pub pieces: Vec<Piece>,
+    /// Its Gear cut candidates, found by the first runner that needs them
+    /// ([`crate::multi_cut::gear_scan`]).
+    pub gear: OnceLock<GearScan>,
 }
 
 /// A batch's bytes, starting at a page boundary so that a file read around the page cache
@@ -246,6 +251,7 @@ fn new_batch(image: usize, kind: ItemKind) -> Batch {
         seq: 0,
         data: BatchBuf::with_capacity(BATCH_BYTES),
         pieces: Vec::new(),
+        gear: OnceLock::new(),
     }
 }
 

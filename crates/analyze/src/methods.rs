@@ -27,7 +27,7 @@ use crate::cpu::charge;
 use crate::id_set::IdSet;
 use crate::input::{Batch, ItemKind, Piece, BATCH_BYTES};
 use crate::memo::Memo;
-use crate::multi_cut::{Cursor, MultiCut, Scanned};
+use crate::multi_cut::{cdc_lens, cdc_level, gear_scan, Cursor, GearScan, MultiCut, Scanned};
 use crate::AnalyzeError;
 
 /// Bytes a chunk reference costs in a recipe or on the wire (tag + chunk number + length).
@@ -208,6 +208,9 @@ pub trait Runner: Send {
     fn finish(self: Box<Self>) -> Vec<Measured>;
 }
 
+/// A Gear level above every size's: a runner given it scans at its own level.
+const ALONE: u32 = u32::MAX;
+
 /// Builds the runners for `specs`: one per compression or similarity method, one for all
 /// fixed sizes and one for all CDC sizes (each cut in a single pass), one for whole items.
 pub fn runners(
@@ -216,6 +219,16 @@ pub fn runners(
 ) -> Result<Vec<Box<dyn Runner>>, AnalyzeError> {
     let mut out: Vec<Box<dyn Runner>> = Vec::new();
     let (mut fixed, mut cdc) = (Vec::new(), Vec::new());
+    // Sizes by content and similarity's chunks of files share each batch's Gear scan.
+    let gear_level = specs
+        .iter()
+        .filter_map(|s| match *s {
+            MethodSpec::Exact(c) => cdc_level(c),
+            MethodSpec::Similarity => cdc_level(SimilarityRunner::files_chunker()),
+            MethodSpec::Compress(_) => None,
+        })
+        .min()
+        .unwrap_or(ALONE);
     for spec in specs {
         match *spec {
             MethodSpec::Compress(c) => out.push(Box::new(CompressRunner::new(
@@ -223,9 +236,9 @@ pub fn runners(
                 opts.compress_every,
                 &opts.memo,
             ))),
-            MethodSpec::Similarity => out.push(Box::new(SimilarityRunner::new(opts)?)),
+            MethodSpec::Similarity => out.push(Box::new(SimilarityRunner::new(opts, gear_level)?)),
             MethodSpec::Exact(c @ ChunkerSpec::Whole) => {
-                out.push(Box::new(ExactRunner::new(&[c], opts)?))
+                out.push(Box::new(ExactRunner::new(&[c], opts, gear_level)?))
             }
             MethodSpec::Exact(c @ ChunkerSpec::Fixed { .. }) => fixed.push(c),
             MethodSpec::Exact(c @ ChunkerSpec::Cdc { .. }) => cdc.push(c),
@@ -233,7 +246,7 @@ pub fn runners(
     }
     for group in [fixed, cdc] {
         if !group.is_empty() {
-            out.push(Box::new(ExactRunner::new(&group, opts)?));
+            out.push(Box::new(ExactRunner::new(&group, opts, gear_level)?));
         }
     }
     Ok(out)
@@ -889,6 +902,8 @@ struct ExactRunner {
     image: Option<usize>,
     /// CPU shared by all sizes (the Gear pass), split evenly at the end.
     shared_cpu: f64,
+    /// The level the batches' Gear scans are asked for: the lowest any runner needs.
+    gear_level: u32,
     input_bytes: u64,
     /// With fixed sizes that are all multiples of the smallest: its index and size, and its
     /// recent chunks (stream start, id), from which the larger sizes' ids are made.
@@ -896,7 +911,11 @@ struct ExactRunner {
 }
 
 impl ExactRunner {
-    fn new(specs: &[ChunkerSpec], opts: &RunnerOptions) -> Result<Self, AnalyzeError> {
+    fn new(
+        specs: &[ChunkerSpec],
+        opts: &RunnerOptions,
+        gear_level: u32,
+    ) -> Result<Self, AnalyzeError> {
         let cutter = match specs {
             [ChunkerSpec::Whole] => Cutter::Whole(Box::new(WholeItem {
                 hasher: xxhash_rust::xxh3::Xxh3::new(),
@@ -937,6 +956,7 @@ impl ExactRunner {
             opts: opts.clone(),
             image: None,
             shared_cpu: 0.0,
+            gear_level,
             input_bytes: 0,
             blocks: block_size(specs).map(|(i, s)| (i, s, VecDeque::new())),
         })
@@ -1113,7 +1133,11 @@ impl Runner for ExactRunner {
                 size.cpu += cpu;
             }
             Cutter::Multi(mc) => {
-                charge(&mut self.shared_cpu, || mc.scan(batch));
+                let gear = mc
+                    .min_level()
+                    .map(|l| gear_scan(batch, self.gear_level.min(l)));
+                self.shared_cpu += gear.as_ref().map_or(0.0, |g| g.cpu);
+                charge(&mut self.shared_cpu, || mc.scan(batch, gear.as_deref()));
                 let data = (&batch.data[..], batch.seq);
                 let (scanned, cursors) = mc.split();
                 let base = self.blocks.as_ref().map(|b| b.0);
@@ -1203,6 +1227,8 @@ struct SimilarityRunner {
     /// Per item kind, an encoder that only prepares batches for the scope threads.
     prep: [Option<Encoder>; 2],
     input_bytes: u64,
+    /// The level the batches' Gear scans are asked for (see [`ExactRunner`]'s).
+    gear_level: u32,
 }
 
 /// A batch for a scope thread: its kind slot, configuration, the batch, its preparation and
@@ -1465,7 +1491,7 @@ fn prepare_units(prep: &UnitPrep, units: &[&[u8]]) -> Vec<(PreparedUnits, f64)> 
 }
 
 impl SimilarityRunner {
-    fn new(opts: &RunnerOptions) -> Result<Self, AnalyzeError> {
+    fn new(opts: &RunnerOptions, gear_level: u32) -> Result<Self, AnalyzeError> {
         let scopes = opts.several_images.then(|| {
             let store = Arc::<UnitStore>::default();
             [true, false].map(|per_image| ScopeThread::start(per_image, opts, &store))
@@ -1478,7 +1504,13 @@ impl SimilarityRunner {
             scopes,
             prep: [None, None],
             input_bytes: 0,
+            gear_level,
         })
+    }
+
+    /// How files are cut into units.
+    fn files_chunker() -> ChunkerSpec {
+        PipelineConfig::files().chunker
     }
 
     fn config(&self, kind: ItemKind) -> PipelineConfig {
@@ -1515,14 +1547,24 @@ impl Runner for SimilarityRunner {
         let mut prepare_cpu = ((self.opts.blake3_s_per_byte)(unit_bytes)
             + self.opts.frame_hash_s_per_byte)
             * batch.data.len() as f64;
+        // Units by content are cut from the batch's Gear scan, which exact dedup shares.
+        let gear = cdc_level(config.chunker).map(|l| gear_scan(batch, self.gear_level.min(l)));
+        prepare_cpu += gear.as_ref().map_or(0.0, |g| g.cpu);
+        let cut = |i: usize, _: &[u8], lens: &mut Vec<u32>| {
+            let gear: &GearScan = gear.as_ref().expect("units by content");
+            cdc_lens(gear, &batch.pieces[i], config.chunker, lens)
+        };
         let Some(scopes) = &self.scopes else {
             // One scope: the encoder computes features only for units it does not find whole.
             let (every, on_top) = (self.opts.compress_every, self.opts.on_top);
             let local = self.local[slot]
                 .get_or_insert_with(|| SimScope::new(config, every, on_top, &self.opts.memo, None));
             let mut prepared = Prepared::default();
-            charge(&mut prepare_cpu, || {
-                local.encoder.prepare_fingerprints(&items, &mut prepared)
+            charge(&mut prepare_cpu, || match gear {
+                Some(_) => local
+                    .encoder
+                    .prepare_fingerprints_with(&items, &mut prepared, cut),
+                None => local.encoder.prepare_fingerprints(&items, &mut prepared),
             });
             let owner: SharedBytes = batch.clone();
             local.feed((&owner, batch.seq), &items, &prepared, prepare_cpu);
@@ -1530,8 +1572,9 @@ impl Runner for SimilarityRunner {
         };
         let prep = self.prep[slot].get_or_insert_with(|| sim_encoder(config));
         let mut prepared = Prepared::default();
-        charge(&mut prepare_cpu, || {
-            prep.prepare_cuts(&items, &mut prepared)
+        charge(&mut prepare_cpu, || match gear {
+            Some(_) => prep.prepare_cuts_with(&items, &mut prepared, cut),
+            None => prep.prepare_cuts(&items, &mut prepared),
         });
         let units = prepared.units(&items);
         for (done, cpu) in prepare_units(&prep.unit_prep(), &units) {
@@ -1667,7 +1710,7 @@ mod tests {
     }
 
     fn run(spec: ChunkerSpec, items: &[Vec<u8>]) -> Vec<Measured> {
-        let mut runner = ExactRunner::new(&[spec], &opts()).unwrap();
+        let mut runner = ExactRunner::new(&[spec], &opts(), ALONE).unwrap();
         for batch in test_batches(items, 1 << 20) {
             runner.feed(&Arc::new(batch));
         }
@@ -1699,7 +1742,7 @@ mod tests {
         let (a, b, c) = (noise(3 << 20, 1), noise(5000, 2), noise(7000, 3));
         let items = [a.clone(), b.clone(), a, c, b];
         let whole = |unique: &dyn Fn(usize) -> bool| {
-            let mut runner = ExactRunner::new(&[ChunkerSpec::Whole], &opts()).unwrap();
+            let mut runner = ExactRunner::new(&[ChunkerSpec::Whole], &opts(), ALONE).unwrap();
             let mut item = 0;
             for mut batch in test_batches(&items, 1 << 20) {
                 for p in &mut batch.pieces {
@@ -1913,7 +1956,7 @@ mod tests {
             several_images: true,
             ..opts()
         };
-        let mut runner = ExactRunner::new(&[ChunkerSpec::cdc(4096)], &opts).unwrap();
+        let mut runner = ExactRunner::new(&[ChunkerSpec::cdc(4096)], &opts, ALONE).unwrap();
         feed_images(&mut runner, &images);
         let m = Box::new(runner).finish();
         let raw = |scope: &str| {
@@ -1943,7 +1986,7 @@ mod tests {
             window_bytes: 2 << 20,
             ..opts()
         };
-        let mut runner = SimilarityRunner::new(&opts).unwrap();
+        let mut runner = SimilarityRunner::new(&opts, ALONE).unwrap();
         feed_images(&mut runner, &[vec![a.clone(), b, a]]);
         let m = Box::new(runner).finish();
         let beyond = m[0].params["beyond_window_bytes"].as_u64().unwrap();
@@ -1957,7 +2000,7 @@ mod tests {
             window_bytes,
             ..opts()
         };
-        let mut runner = SimilarityRunner::new(&opts).unwrap();
+        let mut runner = SimilarityRunner::new(&opts, ALONE).unwrap();
         feed_images(&mut runner, images);
         Box::new(runner).finish()
     }
@@ -2042,7 +2085,7 @@ mod tests {
         ];
         let specs = [4096, 1024, 16384, 65536].map(|size| ChunkerSpec::Fixed { size });
         let run_with = |specs: &[ChunkerSpec]| {
-            let mut runner = ExactRunner::new(specs, &opts()).unwrap();
+            let mut runner = ExactRunner::new(specs, &opts(), ALONE).unwrap();
             assert_eq!(runner.blocks.is_some(), specs.len() > 1);
             for batch in test_batches(&items, 1_000_000) {
                 runner.feed(&Arc::new(batch));
@@ -2070,6 +2113,7 @@ mod tests {
         let mut runner = ExactRunner::new(
             &[ChunkerSpec::cdc(4096), ChunkerSpec::Fixed { size: 8192 }],
             &opts(),
+            ALONE,
         )
         .unwrap();
         for batch in test_batches(&items, 1 << 20) {

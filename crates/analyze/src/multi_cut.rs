@@ -13,6 +13,11 @@
 //! positions (the engine spreads its mask bits and restarts its hash at each chunk's `min`):
 //! analysis measures how well a chunk size deduplicates, which does not depend on that.
 //!
+//! The candidates are found once per batch for every runner ([`gear_scan`]): the similarity
+//! method cuts its 8 KiB units of files from them too ([`cdc_lens`]), by the same rule,
+//! where it used to roll the engine's chunker over every byte again (7% of the analysis'
+//! CPU on disk images).
+//!
 //! Chunk ids of the larger CDC sizes are made from **segment** ids, so each byte is hashed
 //! about once rather than once per size: segments end at item ends and at candidates of level
 //! at least [`SEG_LEVEL`] (about 1 KiB apart) with no other such candidate in the [`MIN_GAP`]
@@ -23,9 +28,12 @@
 //! a segment depends only on the chunk's own bytes, so the id is a function of the chunk's
 //! content: equal chunks get equal ids wherever they lie.
 
+use std::borrow::Cow;
+
 use dedupwire_engine::chunk::{ChunkerSpec, FastCdc};
 
-use crate::input::Batch;
+use crate::cpu::charge;
+use crate::input::{Batch, Piece};
 
 /// How one size cuts.
 #[derive(Debug, Clone, Copy)]
@@ -38,6 +46,35 @@ enum Cut {
         bits_s: u32,
         bits_l: u32,
     },
+}
+
+impl Cut {
+    /// How `spec` cuts; `None` for whole items.
+    fn of(spec: ChunkerSpec) -> Option<Cut> {
+        match spec {
+            ChunkerSpec::Fixed { size } if size > 0 => Some(Cut::Fixed(size as u64)),
+            ChunkerSpec::Cdc { min, avg, max } => {
+                let bits = avg.trailing_zeros();
+                Some(Cut::Cdc {
+                    min: min as u64,
+                    avg: avg as u64,
+                    max: max as u64,
+                    bits_s: bits + 2,
+                    bits_l: bits.saturating_sub(2).max(1),
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The lowest level a size by content cuts at (its mask past the average), if `spec` is one:
+/// the [`gear_scan`] level it needs.
+pub fn cdc_level(spec: ChunkerSpec) -> Option<u32> {
+    match Cut::of(spec)? {
+        Cut::Cdc { bits_l, .. } => Some(bits_l),
+        Cut::Fixed(_) => None,
+    }
 }
 
 /// Highest hash bit of the nested masks (the engine's masks stay below bit 61 too).
@@ -54,10 +91,98 @@ const MIN_GAP: u64 = 64;
 /// before it, which past this lie inside the chunk.
 const HEAD: u64 = 2 * MIN_GAP;
 
+/// Bytes after which the Gear hash no longer depends on where it started: it shifts one bit
+/// per byte.
+const WARM_UP: usize = 64;
+
 /// The level of a Gear hash: zero bits from bit [`TOP_BIT`] down.
 #[inline(always)]
 fn level(h: u64) -> u32 {
     (h << (63 - TOP_BIT)).leading_zeros()
+}
+
+/// A batch's Gear candidates, found once for every runner that cuts by content.
+#[derive(Debug, Clone, Default)]
+pub struct GearScan {
+    /// Every position of at least this level is a candidate.
+    level: u32,
+    /// Candidate cuts `end << 8 | level`, `end` an offset in the batch (exclusive), sorted.
+    /// The hash starts from zero at each piece.
+    cands: Vec<u64>,
+    /// CPU seconds the scan took: each runner using it is charged them, as if alone.
+    pub cpu: f64,
+}
+
+impl GearScan {
+    fn of(batch: &Batch, level: u32) -> GearScan {
+        let (mut cands, mut lane2, mut cpu) = (Vec::new(), Vec::new(), 0.0);
+        charge(&mut cpu, || {
+            for piece in &batch.pieces {
+                let at = piece.start as u64;
+                scan_gear(batch.bytes(piece), 0, at, level, &mut cands, &mut lane2);
+            }
+        });
+        GearScan { level, cands, cpu }
+    }
+
+    /// The candidates ending in `(from, to]` (batch offsets).
+    fn within(&self, from: usize, to: usize) -> &[u64] {
+        let (from, to) = ((from as u64) << 8 | 0xff, (to as u64) << 8 | 0xff);
+        let a = self.cands.partition_point(|&c| c <= from);
+        let b = a + self.cands[a..].partition_point(|&c| c <= to);
+        &self.cands[a..b]
+    }
+}
+
+/// The Gear candidates of `batch` of at least `level`. The first runner to ask scans the
+/// batch and the others wait for it: exact dedup's sizes by content and similarity's chunks
+/// come from one pass over the bytes instead of two. A runner asking for a lower level than
+/// the first gets a scan of its own.
+pub fn gear_scan(batch: &Batch, level: u32) -> Cow<'_, GearScan> {
+    let scan = batch.gear.get_or_init(|| GearScan::of(batch, level));
+    if scan.level <= level {
+        Cow::Borrowed(scan)
+    } else {
+        Cow::Owned(GearScan::of(batch, level))
+    }
+}
+
+/// The content-defined cuts of `piece` for `spec` (a CDC size) from the batch's `gear`
+/// candidates, as unit lengths appended to `lens`: normalized chunking replayed over them as
+/// [`Scanned::cut`] does, restarting at the piece (the engine's chunker cuts each piece of an
+/// item alone too). Same rule and statistics as the engine's chunker, not the same positions.
+pub fn cdc_lens(gear: &GearScan, piece: &Piece, spec: ChunkerSpec, lens: &mut Vec<u32>) {
+    let Some(Cut::Cdc {
+        min,
+        avg,
+        max,
+        bits_s,
+        bits_l,
+    }) = Cut::of(spec)
+    else {
+        panic!("{} is not a size by content", spec.label());
+    };
+    assert!(gear.level <= bits_l, "the Gear scan misses candidates");
+    let cands = gear.within(piece.start, piece.end);
+    let (mut start, end) = (piece.start as u64, piece.end as u64);
+    let mut ci = 0;
+    while start < end {
+        ci = skip_before(cands, ci, start + min);
+        let mut cut = (start + max).min(end);
+        while let Some(&c) = cands.get(ci) {
+            let (e, lv) = (c >> 8, (c & 0xff) as u32);
+            if e >= cut {
+                break;
+            }
+            if lv >= if e - start < avg { bits_s } else { bits_l } {
+                cut = e;
+                break;
+            }
+            ci += 1;
+        }
+        lens.push((cut - start) as u32);
+        start = cut;
+    }
 }
 
 /// Cuts a stream of batches with several chunkers at once.
@@ -80,8 +205,6 @@ pub struct MultiCut {
     ends: Vec<u64>,
     /// Per size: where its pending chunk starts, and its scratch.
     cursors: Vec<Cursor>,
-    /// Scratch for the second lane's candidates.
-    lane2: Vec<u64>,
     /// The level segments end at, when some size takes its ids from them.
     seg_level: Option<u32>,
     /// Per size: whether its ids are made from segments.
@@ -105,20 +228,11 @@ impl MultiCut {
     pub fn new(specs: &[ChunkerSpec]) -> Result<MultiCut, String> {
         let cuts = specs
             .iter()
-            .map(|s| match *s {
-                ChunkerSpec::Fixed { size } if size > 0 => Ok(Cut::Fixed(size as u64)),
-                ChunkerSpec::Cdc { min, avg, max } => {
+            .map(|&s| {
+                if let ChunkerSpec::Cdc { min, avg, max } = s {
                     FastCdc::new(min, avg, max).map_err(|e| e.to_string())?;
-                    let bits = avg.trailing_zeros();
-                    Ok(Cut::Cdc {
-                        min: min as u64,
-                        avg: avg as u64,
-                        max: max as u64,
-                        bits_s: bits + 2,
-                        bits_l: bits.saturating_sub(2).max(1),
-                    })
                 }
-                other => Err(format!("{} cannot be cut by MultiCut", other.label())),
+                Cut::of(s).ok_or_else(|| format!("{} cannot be cut by MultiCut", s.label()))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let min_level = cuts
@@ -164,28 +278,57 @@ impl MultiCut {
             carry_base: 0,
             cands: Vec::new(),
             ends: Vec::new(),
-            lane2: Vec::new(),
         })
+    }
+
+    /// The level candidates need (the loosest mask of its sizes by content), if it has any.
+    pub fn min_level(&self) -> Option<u32> {
+        self.min_level
     }
 
     /// Scans the next batch: records its candidate cuts and item ends. Cut every size
     /// ([`MultiCut::split`], then [`Scanned::cut`]) and call [`end_batch`] before the next one.
     ///
     /// [`end_batch`]: MultiCut::end_batch
-    pub fn scan(&mut self, batch: &Batch) {
+    ///
+    /// `gear` is the batch's [`gear_scan`] at [`MultiCut::min_level`] or below, which sizes
+    /// by content need: it restarts the hash at each piece, so only the first 64 bytes of a
+    /// piece that continues an item are scanned again here, from the hash carried over.
+    pub fn scan(&mut self, batch: &Batch, gear: Option<&GearScan>) {
         self.batch_base = self.scanned;
         let (new_cands, new_ends) = (self.cands.len(), self.ends.len());
-        for piece in &batch.pieces {
+        for (k, piece) in batch.pieces.iter().enumerate() {
             let bytes = batch.bytes(piece);
             if let Some(min_level) = self.min_level {
-                self.hash = scan_gear(
-                    bytes,
-                    self.hash,
+                let gear = gear.expect("sizes by content need the batch's Gear scan");
+                assert!(gear.level <= min_level, "the Gear scan misses candidates");
+                // Only the first piece may continue an item; the others start from zero.
+                let carried = if k == 0 { self.hash } else { 0 };
+                let head = if carried == 0 {
+                    0
+                } else {
+                    bytes.len().min(WARM_UP)
+                };
+                scan_seq(
+                    &bytes[..head],
+                    carried,
                     self.scanned,
                     min_level,
                     &mut self.cands,
-                    &mut self.lane2,
                 );
+                let shift = self.batch_base << 8;
+                self.cands.extend(
+                    gear.within(piece.start + head, piece.end)
+                        .iter()
+                        .filter(|&&c| (c & 0xff) as u32 >= min_level)
+                        .map(|&c| c + shift),
+                );
+                let tail = &bytes[bytes.len().saturating_sub(WARM_UP)..];
+                let from = if tail.len() < WARM_UP { carried } else { 0 };
+                let gear_table = FastCdc::gear_table();
+                self.hash = tail
+                    .iter()
+                    .fold(from, |h, &b| (h << 1).wrapping_add(gear_table[b as usize]));
             }
             self.scanned += bytes.len() as u64;
             if piece.item_end {
@@ -484,7 +627,6 @@ fn scan_gear(
     out: &mut Vec<u64>,
     lane2: &mut Vec<u64>,
 ) -> u64 {
-    const WARM_UP: usize = 64;
     if bytes.len() < 4096 {
         return scan_seq(bytes, hash, at, min_level, out);
     }
@@ -596,11 +738,17 @@ mod tests {
             .collect()
     }
 
+    /// Scans `b` the way the exact runner does, from the batch's shared Gear scan.
+    fn scan(mc: &mut MultiCut, b: &Batch) {
+        let gear = mc.min_level().map(|l| gear_scan(b, l));
+        mc.scan(b, gear.as_deref());
+    }
+
     fn cut_all(specs: &[ChunkerSpec], items: &[Vec<u8>], batch: usize) -> Vec<Vec<Vec<u8>>> {
         let mut mc = MultiCut::new(specs).unwrap();
         let mut out = vec![Vec::new(); specs.len()];
         for b in batches(items, batch) {
-            mc.scan(&b);
+            scan(&mut mc, &b);
             for (i, o) in out.iter_mut().enumerate() {
                 mc.cut(i, &b.data, |_, _, c| o.push(c.to_vec()));
             }
@@ -618,7 +766,8 @@ mod tests {
             ChunkerSpec::Fixed { size: 4096 },
         ];
         let reference = cut_all(&specs, &items, 1 << 30);
-        for batch in [1000, 65_536, 333_333] {
+        // Batches shorter than the hash's warm-up too: items continue across many of them.
+        for batch in [1000, 65_536, 333_333, 63, 64, 65, 10] {
             assert_eq!(cut_all(&specs, &items, batch), reference, "batch {batch}");
         }
         let all: Vec<u8> = items.concat();
@@ -760,7 +909,7 @@ mod tests {
             let mut mc = MultiCut::new(&specs).unwrap();
             assert_eq!(mc.from_segs, [false, true, true, false]);
             for b in batches(&items, batch) {
-                mc.scan(&b);
+                scan(&mut mc, &b);
                 let (scanned, cursors) = mc.split();
                 for (i, cursor) in cursors.iter_mut().enumerate() {
                     let mut buf = Vec::new();
@@ -787,6 +936,69 @@ mod tests {
         // The shifted copy shares most of its 64 KiB chunks with the original, by id.
         let each_copy = (3 << 20) / (64 << 10);
         assert!(seen[2].len() < each_copy * 12 / 10, "{}", seen[2].len());
+    }
+
+    #[test]
+    fn similarity_units_follow_the_rule_of_the_sizes_by_content() {
+        let mut big = data(3 << 20, 31);
+        big[1 << 20..(1 << 20) + 100_000].fill(7);
+        let items = vec![
+            big,
+            data(10_000, 32),
+            Vec::new(),
+            data(300, 33),
+            data(40_000, 34),
+        ];
+        let spec = ChunkerSpec::cdc(8192);
+        for batch in [1 << 30, 1 << 20, 5000] {
+            // The shared scan is at exact dedup's lowest level; similarity takes its own.
+            let level = cdc_level(ChunkerSpec::cdc(1024)).unwrap();
+            assert!(level < cdc_level(spec).unwrap());
+            let mut units = Vec::new();
+            for b in batches(&items, batch) {
+                let gear = gear_scan(&b, level);
+                for piece in &b.pieces {
+                    let mut lens = Vec::new();
+                    cdc_lens(&gear, piece, spec, &mut lens);
+                    assert_eq!(lens.iter().sum::<u32>() as usize, piece.end - piece.start);
+                    let mut at = piece.start;
+                    for (k, &len) in lens.iter().enumerate() {
+                        assert!(len as usize <= 8 * 8192, "{len}");
+                        if k + 1 < lens.len() {
+                            assert!(len as usize >= 2048, "{len}");
+                        }
+                        units.push(b.data[at..at + len as usize].to_vec());
+                        at += len as usize;
+                    }
+                }
+            }
+            if batch == 1 << 30 {
+                // One batch, items whole: the very cuts exact dedup's 8 KiB size makes.
+                assert_eq!(units, cut_all(&[spec], &items, batch)[0]);
+                let mean = (3 << 20) as f64 / units.len() as f64;
+                assert!(mean > 6000.0 && mean < 12_000.0, "{mean}");
+            } else {
+                assert_eq!(units.concat(), items.concat());
+            }
+        }
+    }
+
+    #[test]
+    fn a_runner_asking_for_a_lower_level_scans_on_its_own() {
+        let items = vec![data(100_000, 41)];
+        let b = batches(&items, 1 << 20).remove(0);
+        let high = gear_scan(&b, 11).into_owned();
+        let low = gear_scan(&b, 8);
+        assert!(matches!(low, Cow::Owned(_)));
+        assert!(matches!(gear_scan(&b, 11), Cow::Borrowed(_)));
+        let filtered: Vec<u64> = low
+            .cands
+            .iter()
+            .copied()
+            .filter(|&c| c & 0xff >= 11)
+            .collect();
+        assert_eq!(filtered, high.cands);
+        assert!(low.cands.len() > 4 * high.cands.len());
     }
 
     #[test]

@@ -92,6 +92,48 @@ proptest! {
     }
 
     #[test]
+    fn cuts_the_caller_chose_round_trip(items in revisions(), split in 0usize..12, seed in any::<u64>()) {
+        use dedupwire_engine::pipeline::{Encoder, Prepared, PreparedUnits};
+        // Unit lengths from a seeded generator, 1 to 700 bytes, cut short at each item's end.
+        let cut = |i: usize, item: &[u8], lens: &mut Vec<u32>| {
+            let mut state = seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            let mut left = item.len();
+            while left > 0 {
+                state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                let len = (1 + (state >> 33) as usize % 700).min(left);
+                lens.push(len as u32);
+                left -= len;
+            }
+        };
+        for config in configs() {
+            let batches: Vec<Vec<&[u8]>> = items
+                .chunks(split % items.len().max(1) + 1)
+                .map(|b| b.iter().map(Vec::as_slice).collect())
+                .collect();
+            let (mut one, mut two) = (Encoder::new(config).unwrap(), Encoder::new(config).unwrap());
+            let (mut out_one, mut out_two) = (Vec::new(), Vec::new());
+            one.write_header(&mut out_one);
+            two.write_header(&mut out_two);
+            let mut prepared = Prepared::default();
+            for batch in &batches {
+                one.prepare_fingerprints_with(batch, &mut prepared, cut);
+                let mut want = Vec::new();
+                batch.iter().enumerate().for_each(|(i, item)| cut(i, item, &mut want));
+                let got: Vec<u32> = prepared.units(batch).iter().map(|u| u.len() as u32).collect();
+                prop_assert_eq!(got, want);
+                one.encode_prepared(batch, &prepared, &mut out_one);
+                two.prepare_cuts_with(batch, &mut prepared, cut);
+                let mut done = PreparedUnits::default();
+                two.unit_prep().prepare(prepared.units(batch), &mut done);
+                prepared.append_units(&done);
+                two.encode_prepared(batch, &prepared, &mut out_two);
+            }
+            prop_assert_eq!(&decode_all(&out_one).unwrap(), &items, "{:?}", config);
+            prop_assert_eq!(&decode_all(&out_two).unwrap(), &items, "{:?}", config);
+        }
+    }
+
+    #[test]
     fn prepared_work_shared_by_two_encoders_changes_nothing(items in revisions(), split in 0usize..12) {
         use dedupwire_engine::pipeline::{Encoder, Prepared};
         for config in configs() {

@@ -232,6 +232,35 @@ fn literal_saving(len: usize, spent: usize) -> u64 {
     (1 + varint::len(len as u64) + len).saturating_sub(spent) as u64
 }
 
+/// The cuts of `items` (from `cut`) and their content hash (the items' bytes if
+/// `content_hash`, else their unit lengths) into `p`.
+fn cuts_into(
+    content_hash: bool,
+    items: &[&[u8]],
+    p: &mut Prepared,
+    mut cut: impl FnMut(usize, &[u8], &mut Vec<u32>),
+) {
+    p.clear();
+    let mut content = Xxh3::new();
+    for (i, item) in items.iter().enumerate() {
+        if content_hash {
+            content.update(item);
+        }
+        let before = p.lens.len();
+        cut(i, item, &mut p.lens);
+        debug_assert_eq!(
+            p.lens[before..].iter().map(|&l| l as usize).sum::<usize>(),
+            item.len()
+        );
+        p.counts.push((p.lens.len() - before) as u32);
+    }
+    if !content_hash {
+        // As random as the real hash, so the frames compress the same.
+        p.lens.iter().for_each(|l| content.update(&l.to_le_bytes()));
+    }
+    p.content = content.digest();
+}
+
 /// The similarity features of `unit` under `similarity`.
 fn features_of(similarity: Similarity, unit: &[u8]) -> Vec<u64> {
     match similarity {
@@ -347,28 +376,40 @@ impl Encoder {
     /// [`UnitPrep::prepare`] over [`Prepared::units`] (in parts, on any threads) and
     /// [`Prepared::append_units`] in order.
     pub fn prepare_cuts(&mut self, items: &[&[u8]], p: &mut Prepared) {
-        p.clear();
-        let mut content = Xxh3::new();
-        for item in items {
-            if self.content_hash {
-                content.update(item);
-            }
-            let before = p.lens.len();
-            p.lens
-                .extend(chunks(self.chunker.as_ref(), item).map(|u| u.len() as u32));
-            p.counts.push((p.lens.len() - before) as u32);
-        }
-        if !self.content_hash {
-            // As random as the real hash, so the frames compress the same.
-            p.lens.iter().for_each(|l| content.update(&l.to_le_bytes()));
-        }
-        p.content = content.digest();
+        let chunker = self.chunker.as_ref();
+        cuts_into(self.content_hash, items, p, |_, item, lens| {
+            lens.extend(chunks(chunker, item).map(|u| u.len() as u32))
+        });
+    }
+
+    /// [`Encoder::prepare_cuts`] with cuts the caller chose: `cut(i, item, lens)` appends the
+    /// lengths of item `i`'s units, which add up to the item. An analysis that found cut
+    /// candidates for other chunkers replays them here instead of scanning the bytes again;
+    /// the stream decodes the same whatever the cuts.
+    pub fn prepare_cuts_with(
+        &mut self,
+        items: &[&[u8]],
+        p: &mut Prepared,
+        cut: impl FnMut(usize, &[u8], &mut Vec<u32>),
+    ) {
+        cuts_into(self.content_hash, items, p, cut);
     }
 
     /// The cuts and fingerprints of `items` without features: an encoder given them computes a
     /// unit's features only where it does not find the unit whole.
     pub fn prepare_fingerprints(&mut self, items: &[&[u8]], p: &mut Prepared) {
         self.prepare_into(items, false, p);
+    }
+
+    /// [`Encoder::prepare_fingerprints`] with the cuts of [`Encoder::prepare_cuts_with`].
+    pub fn prepare_fingerprints_with(
+        &mut self,
+        items: &[&[u8]],
+        p: &mut Prepared,
+        cut: impl FnMut(usize, &[u8], &mut Vec<u32>),
+    ) {
+        self.prepare_cuts_with(items, p, cut);
+        self.fingerprint_units(items, p);
     }
 
     /// The per-unit part of [`Encoder::prepare`], which needs no encoder state.
@@ -381,15 +422,19 @@ impl Encoder {
 
     fn prepare_into(&mut self, items: &[&[u8]], features: bool, p: &mut Prepared) {
         self.prepare_cuts(items, p);
-        let units = p.units(items);
         if features {
             let mut done = PreparedUnits::default();
-            self.unit_prep().prepare(units, &mut done);
+            self.unit_prep().prepare(p.units(items), &mut done);
             p.append_units(&done);
         } else {
-            let fp = &self.fingerprinter;
-            p.fps.extend(units.iter().map(|u| fp.fingerprint(u)));
+            self.fingerprint_units(items, p);
         }
+    }
+
+    fn fingerprint_units(&self, items: &[&[u8]], p: &mut Prepared) {
+        let fp = &self.fingerprinter;
+        let units = p.units(items);
+        p.fps.extend(units.iter().map(|u| fp.fingerprint(u)));
     }
 
     /// Encodes `items` as one frame appended to `out`, with the work of [`Encoder::prepare`]
