@@ -52,7 +52,7 @@ impl Unit {
 /// must share a fingerprinter: like the encoder's own exact index, the store takes equal
 /// fingerprints (and lengths) for equal bytes.
 ///
-/// Copies are packed one after another into slabs of [`SLAB_BYTES`]; a slab whose units no
+/// Copies are packed one after another into slabs of 256 KiB; a slab whose units no
 /// window holds any more gives its block to the next slab. A window of a GiB was a hundred
 /// thousand allocations, each growing the allocator's heap by a system call (`mprotect`,
 /// 110 000 calls on the disk images, now 4 500); its memory now turns over in place.
