@@ -88,6 +88,10 @@ impl UnitStore {
     /// `unit` (fingerprint `fp`) as a held copy: one another window holds under `fp`, else a
     /// new one, remembered for the others.
     pub(super) fn hold(&self, unit: &[u8], fp: &Fingerprint) -> Unit {
+        if u32::try_from(unit.len()).is_err() {
+            // Past what an entry records: a copy of its own, not shared.
+            return Unit::Owned(unit.to_vec());
+        }
         let mut map = self.map();
         if let Some((slab, range)) = Self::held_copy(&map, unit, fp) {
             return Unit::Shared(slab, range);
