@@ -81,7 +81,7 @@ impl std::fmt::Debug for UnitStore {
 /// most this much alive.
 const SLAB_BYTES: usize = 256 << 10;
 
-/// Units longer than this get a slab of their own size.
+/// Units longer than this get a slab of their own length.
 const SLAB_UNIT_MAX: usize = SLAB_BYTES / 8;
 
 impl UnitStore {
@@ -186,15 +186,18 @@ struct Slab {
 unsafe impl Sync for Slab {}
 
 impl Slab {
-    /// A slab of at least [`SLAB_BYTES`] and `len`, on a block from `free` if one is there.
+    /// A slab for a unit of `len` bytes: one of [`SLAB_BYTES`] (on a block from `free` if
+    /// one is there) that later units fill too, or for a unit longer than [`SLAB_UNIT_MAX`]
+    /// one of its very length, so a large unit wastes nothing.
     fn new(len: usize, free: &FreeBlocks) -> Slab {
-        let reused = if len <= SLAB_BYTES {
-            free.lock().unwrap_or_else(|e| e.into_inner()).pop()
+        let block = if len <= SLAB_UNIT_MAX {
+            let reused = free.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            reused.unwrap_or_else(|| Block::new(SLAB_BYTES))
         } else {
-            None
+            Block::new(len)
         };
         Slab {
-            block: Some(reused.unwrap_or_else(|| Block::new(len.max(SLAB_BYTES)))),
+            block: Some(block),
             len: Default::default(),
             free: Arc::downgrade(free),
         }
@@ -468,11 +471,19 @@ mod tests {
         for &&(id, k) in &held {
             assert_eq!(w.get(id), Some(&unit(k)[..]), "unit {k}");
         }
-        let big: Vec<u8> = (0..3 * SLAB_BYTES as u32).map(|i| (i >> 9) as u8).collect();
-        let id = w.push(store.hold(&big, &key(u32::MAX)));
-        let after = w.push(store.hold(&unit(7), &key(7)));
-        assert_eq!(w.get(id), Some(&big[..]));
-        assert_eq!(w.get(after), Some(&unit(7)[..]));
+        for len in [3 * SLAB_BYTES, SLAB_UNIT_MAX + 1] {
+            let big: Vec<u8> = (0..len as u32).map(|i| (i >> 9) as u8).collect();
+            let id = w.push(store.hold(&big, &key(u32::MAX - len as u32)));
+            let after = w.push(store.hold(&unit(7), &key(7)));
+            assert_eq!(w.get(id), Some(&big[..]));
+            assert_eq!(w.get(after), Some(&unit(7)[..]));
+            // Where the open slab has no room: a block of the unit's length, not a slab's.
+            assert_eq!(Slab::new(len, &store.free).block().cap, len);
+        }
+        assert_eq!(
+            Slab::new(SLAB_UNIT_MAX, &store.free).block().cap,
+            SLAB_BYTES
+        );
     }
 
     #[test]
