@@ -167,22 +167,36 @@ pub fn cdc_lens(gear: &GearScan, piece: &Piece, spec: ChunkerSpec, lens: &mut Ve
     let (mut start, end) = (piece.start as u64, piece.end as u64);
     let mut ci = 0;
     while start < end {
-        ci = skip_before(cands, ci, start + min);
-        let mut cut = (start + max).min(end);
-        while let Some(&c) = cands.get(ci) {
-            let (e, lv) = (c >> 8, (c & 0xff) as u32);
-            if e >= cut {
-                break;
-            }
-            if lv >= if e - start < avg { bits_s } else { bits_l } {
-                cut = e;
-                break;
-            }
-            ci += 1;
-        }
+        let limit = (start + max).min(end);
+        let cut = cdc_end(cands, &mut ci, start, limit, (min, avg, bits_s, bits_l));
         lens.push((cut - start) as u32);
         start = cut;
     }
+}
+
+/// Where a chunk by content from `start` ends under normalized chunking: at the first of
+/// `cands` (from index `*ci` on, left at it) at least `min` in whose level meets the tight
+/// mask (`bits_s`) before `avg` and the loose one (`bits_l`) after, else at `limit` (its
+/// `max`, or sooner where its item ends).
+fn cdc_end(
+    cands: &[u64],
+    ci: &mut usize,
+    start: u64,
+    limit: u64,
+    (min, avg, bits_s, bits_l): (u64, u64, u32, u32),
+) -> u64 {
+    *ci = skip_before(cands, *ci, start + min);
+    while let Some(&c) = cands.get(*ci) {
+        let (e, lv) = (c >> 8, (c & 0xff) as u32);
+        if e >= limit {
+            break;
+        }
+        if lv >= if e - start < avg { bits_s } else { bits_l } {
+            return e;
+        }
+        *ci += 1;
+    }
+    limit
 }
 
 /// Cuts a stream of batches with several chunkers at once.
@@ -514,21 +528,14 @@ impl Scanned<'_> {
                     bits_s,
                     bits_l,
                 } => {
-                    let mut found = None;
-                    // No cut before `min`: skip those candidates without testing each.
-                    ci = skip_before(self.cands, ci, start + min);
-                    while let Some(&c) = self.cands.get(ci) {
-                        let (e, lv) = (c >> 8, (c & 0xff) as u32);
-                        if e > start + max {
-                            break;
-                        }
-                        if e - start >= min && lv >= if e - start < avg { bits_s } else { bits_l } {
-                            found = Some(e);
-                            break;
-                        }
-                        ci += 1;
-                    }
-                    found.unwrap_or(start + max)
+                    let limit = item_end.map_or(start + max, |ie| ie.min(start + max));
+                    cdc_end(
+                        self.cands,
+                        &mut ci,
+                        start,
+                        limit,
+                        (min, avg, bits_s, bits_l),
+                    )
                 }
             };
             let end = item_end.map_or(end, |ie| end.min(ie));
