@@ -1,33 +1,43 @@
-//! The set of chunk ids an exact scope has seen.
+//! The set of chunk ids an exact scope has seen, and in which image each was seen last.
 //!
 //! Open addressing with linear probing in one array of ids, indexed by the id's top bits after
 //! a multiply (ids sampled by `id % N == 0` have biased low bits). Its point is
 //! [`IdSet::prefetch`]: a runner knows a batch's ids before it inserts them, and with the
 //! slot of an id a few places ahead already on its way to the cache, the table's cache misses
-//! (most of an insert's cost once the table outgrows the cache) overlap.
+//! (most of an insert's cost once the table outgrows the cache) overlap. Each slot also holds
+//! the last image its id was seen in, so one probe answers for the global scope (new ever?)
+//! and the local one (new in this image?): two tables cost two cache misses per chunk.
 
 /// Stands for the id 0 in the table, where 0 marks an empty slot.
 const EMPTY: u64 = 0;
+
+/// An id and the last image it was seen in.
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    id: u64,
+    image: u64,
+}
 
 /// `n` empty slots. Written, not `calloc`ed: a zeroed allocation maps the shared zero page,
 /// and the first insert into each page then copies it and flushes every core's TLB (5% of the
 /// analysis' CPU on disk images). Tables of a few MB and up ask for huge pages, which also
 /// spare the random inserts most of their TLB misses.
-fn table(n: usize) -> Vec<u64> {
-    let mut v: Vec<u64> = Vec::with_capacity(n);
-    crate::huge::advise(v.as_mut_ptr().cast::<u8>(), n * std::mem::size_of::<u64>());
-    v.resize(n, EMPTY);
+fn table(n: usize) -> Vec<Slot> {
+    let mut v: Vec<Slot> = Vec::with_capacity(n);
+    crate::huge::advise(v.as_mut_ptr().cast::<u8>(), n * std::mem::size_of::<Slot>());
+    v.resize(n, Slot::default());
     v
 }
 
-/// A set of 64-bit ids.
+/// A set of 64-bit ids, each with the last image it was added in.
 #[derive(Debug, Clone)]
 pub struct IdSet {
-    slots: Vec<u64>,
+    slots: Vec<Slot>,
     /// 64 minus log2 of the slot count.
     shift: u32,
     len: usize,
-    has_zero: bool,
+    /// The image id 0 was added in last, if it was.
+    zero: Option<u64>,
 }
 
 impl Default for IdSet {
@@ -42,18 +52,13 @@ impl IdSet {
             slots: table(1 << bits),
             shift: 64 - bits,
             len: 0,
-            has_zero: false,
+            zero: None,
         }
     }
 
     #[inline(always)]
     fn home(&self, id: u64) -> usize {
         (id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize
-    }
-
-    /// Ids in the set.
-    pub fn len(&self) -> usize {
-        self.len
     }
 
     /// Asks the CPU to start loading the slot `id` would take or be found in.
@@ -76,26 +81,33 @@ impl IdSet {
     /// Adds `id`; true if it was not there yet.
     #[inline]
     pub fn insert(&mut self, id: u64) -> bool {
+        self.insert_in(id, 0).0
+    }
+
+    /// Adds `id` as seen in `image`: whether it was not there yet, and whether it was not
+    /// there from `image` (new, or last seen in another image).
+    #[inline]
+    pub fn insert_in(&mut self, id: u64, image: u64) -> (bool, bool) {
         if id == EMPTY {
-            let new = !self.has_zero;
-            self.has_zero = true;
-            self.len += new as usize;
-            return new;
+            let before = self.zero.replace(image);
+            self.len += before.is_none() as usize;
+            return (before.is_none(), before != Some(image));
         }
         let mask = self.slots.len() - 1;
         let mut i = self.home(id);
         loop {
-            let s = self.slots[i];
-            if s == id {
-                return false;
+            let s = &mut self.slots[i];
+            if s.id == id {
+                let here = std::mem::replace(&mut s.image, image) == image;
+                return (false, !here);
             }
-            if s == EMPTY {
-                self.slots[i] = id;
+            if s.id == EMPTY {
+                *s = Slot { id, image };
                 self.len += 1;
                 if self.len * 2 > self.slots.len() {
                     self.grow();
                 }
-                return true;
+                return (true, true);
             }
             i = (i + 1) & mask;
         }
@@ -104,18 +116,11 @@ impl IdSet {
     fn grow(&mut self) {
         let bits = 64 - self.shift + 1;
         let old = std::mem::replace(self, IdSet::with_slots_log2(bits));
-        self.has_zero = old.has_zero;
-        self.len = old.has_zero as usize;
-        for id in old.slots.into_iter().filter(|&s| s != EMPTY) {
-            self.insert(id);
+        self.zero = old.zero;
+        self.len = old.zero.is_some() as usize;
+        for s in old.slots.into_iter().filter(|s| s.id != EMPTY) {
+            self.insert_in(s.id, s.image);
         }
-    }
-
-    /// Empties the set, keeping its table.
-    pub fn clear(&mut self) {
-        self.slots.fill(EMPTY);
-        self.len = 0;
-        self.has_zero = false;
     }
 }
 
@@ -141,13 +146,28 @@ mod tests {
             };
             set.prefetch(id);
             assert_eq!(set.insert(id), model.insert(id), "{id}");
-            assert_eq!(set.len(), model.len());
+            assert_eq!(set.len, model.len());
         }
         assert!(!set.insert(0));
-        let copy = set.clone();
-        set.clear();
-        assert_eq!(set.len(), 0);
-        assert!(set.insert(5) && set.insert(0));
-        assert_eq!(copy.len(), model.len());
+    }
+
+    #[test]
+    fn tells_ids_new_in_an_image_from_ids_new_ever() {
+        let mut set = IdSet::default();
+        let mut last_seen = std::collections::HashMap::new();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for i in 0..100_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let image = i / 20_000;
+            // Ids repeat within and across images, zero among them.
+            let id = if i % 7 == 0 { 0 } else { x % 30_000 };
+            let before = last_seen.insert(id, image);
+            let want = (before.is_none(), before != Some(image));
+            set.prefetch(id);
+            assert_eq!(set.insert_in(id, image), want, "{id} in image {image}");
+            assert_eq!(set.len, last_seen.len());
+        }
     }
 }

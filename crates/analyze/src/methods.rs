@@ -653,11 +653,11 @@ impl Residual {
     }
 }
 
-/// One scope of an exact method. With `sample` > 1 only chunks whose id is 0 modulo
-/// `sample` are indexed: every copy of a sampled chunk is sampled too (same id), so the
-/// duplicate status of each sampled chunk is exact and unique bytes scale by `sample`.
+/// One scope of an exact method: what its chunks new to it add up to. With `sample` > 1 only
+/// chunks whose id is 0 modulo `sample` are indexed: every copy of a sampled chunk is sampled
+/// too (same id), so the duplicate status of each sampled chunk is exact and unique bytes
+/// scale by `sample`. Which chunks are new comes from the [`SizeState`]'s index.
 struct ExactScope {
-    index: IdSet,
     sample: u64,
     unique_bytes: u64,
     /// Bytes each sampled chunk id contributed to `unique_bytes` (more than its size when the
@@ -665,6 +665,8 @@ struct ExactScope {
     /// one coin flip, so the variance sums the squares of these totals.
     contrib: std::collections::HashMap<u64, f64, PassThrough>,
     chunks: u64,
+    /// Ids this scope's index holds: for the local scope those of the current image.
+    entries: usize,
     peak_entries: usize,
     /// CPU spent on sampled chunks (index and residual), to scale up to all chunks.
     sampled_cpu: f64,
@@ -674,52 +676,23 @@ struct ExactScope {
 impl ExactScope {
     fn new(every: u64, on_top: Compression, sample: u64, memo: &Memo) -> Self {
         ExactScope {
-            index: IdSet::default(),
             sample: sample.max(1),
             unique_bytes: 0,
             contrib: Default::default(),
             chunks: 0,
+            entries: 0,
             peak_entries: 0,
             sampled_cpu: 0.0,
             residual: Residual::new(every, on_top, memo),
         }
     }
 
-    /// Adds the chunk at stream position `at`.
-    fn add(&mut self, id: u64, at: u64, chunk: &[u8]) {
-        self.chunks += 1;
-        if self.sample == 1 {
-            self.insert(id, at, chunk);
-        } else if id % self.sample == 0 {
-            let t0 = crate::cpu::thread_cpu_seconds();
-            self.insert(id, at, chunk);
-            self.sampled_cpu += crate::cpu::thread_cpu_seconds() - t0;
-        }
-    }
-
-    /// Adds an item too large to buffer: its length and its own stream, flushed (merged into
-    /// this scope's), or that stream's estimate where it reached no sampled batch.
-    fn add_streamed(&mut self, id: u64, len: u64, big: &Residual, alone: Option<(u64, f64, f64)>) {
-        self.chunks += 1;
-        if id % self.sample == 0 && self.index.insert(id) {
-            self.unique_bytes += len;
-            if self.sample > 1 {
-                *self.contrib.entry(id).or_default() += len as f64;
-            }
-            match alone {
-                Some(est) => self.residual.absorb(est, est.1),
-                None => self.residual.merge(big),
-            }
-        }
-    }
-
-    fn insert(&mut self, id: u64, at: u64, chunk: &[u8]) {
-        if self.index.insert(id) {
-            self.unique_bytes += chunk.len() as u64;
-            if self.sample > 1 {
-                *self.contrib.entry(id).or_default() += chunk.len() as f64;
-            }
-            self.residual.push_at(at, chunk);
+    /// Counts the sampled chunk `id` of `len` bytes as new to this scope.
+    fn count_new(&mut self, id: u64, len: u64) {
+        self.entries += 1;
+        self.unique_bytes += len;
+        if self.sample > 1 {
+            *self.contrib.entry(id).or_default() += len as f64;
         }
     }
 
@@ -730,20 +703,21 @@ impl ExactScope {
         index_only * (self.sample - 1) as f64
     }
 
-    fn reset_index(&mut self) {
-        self.peak_entries = self.peak_entries.max(self.index.len());
-        self.index.clear();
+    /// Starts the next image: a local scope's index starts empty again.
+    fn next_image(&mut self) {
+        self.peak_entries = self.peak_entries.max(self.entries);
+        self.entries = 0;
     }
 
     /// A copy of this scope, for the global scope at the end of the first image: until then
     /// both scopes saw the same chunks, so they are the same, and the work is done once.
     fn fork(&self) -> ExactScope {
         ExactScope {
-            index: self.index.clone(),
             sample: self.sample,
             unique_bytes: self.unique_bytes,
             contrib: self.contrib.clone(),
             chunks: self.chunks,
+            entries: self.entries,
             peak_entries: self.peak_entries,
             sampled_cpu: self.sampled_cpu,
             residual: self.residual.fork(),
@@ -846,17 +820,11 @@ impl WholeItem {
             Some(mut big) => {
                 big.flush();
                 let alone = big.pairs.is_empty().then(|| big.estimate());
-                size.local.add_streamed(id, self.len, &big, alone);
-                if let Some(g) = size.global.as_mut() {
-                    g.add_streamed(id, self.len, &big, alone);
-                }
+                size.add_streamed(id, self.len, &big, alone);
             }
             None => {
                 let at = self.pos - self.len;
-                size.local.add(id, at, &self.buf);
-                if let Some(g) = size.global.as_mut() {
-                    g.add(id, at, &self.buf);
-                }
+                size.add(id, at, &self.buf);
             }
         }
         self.hasher.reset();
@@ -871,6 +839,11 @@ struct SizeState {
     spec: ChunkerSpec,
     local: ExactScope,
     global: Option<ExactScope>,
+    /// The sampled chunk ids seen, each with the last image it was seen in: one probe tells
+    /// both scopes whether a chunk is new to them.
+    index: IdSet,
+    /// The image being added.
+    image: u64,
     cpu: f64,
     /// This size's chunks in the current batch: stream start, end, id.
     spans: Vec<(u64, u64, u64)>,
@@ -891,6 +864,70 @@ impl SizeState {
         if let Some(g) = self.global.as_mut() {
             g.residual.settle(at);
         }
+    }
+
+    /// Adds the chunk `id` at stream position `at` to both scopes.
+    fn add(&mut self, id: u64, at: u64, chunk: &[u8]) {
+        self.add_with(id, chunk.len() as u64, |scope| {
+            scope.residual.push_at(at, chunk)
+        });
+    }
+
+    /// Adds an item too large to buffer, `len` bytes: its own stream, flushed (merged into a
+    /// scope's stream where the item is new to it), or that stream's estimate where it reached
+    /// no sampled batch.
+    fn add_streamed(&mut self, id: u64, len: u64, big: &Residual, alone: Option<(u64, f64, f64)>) {
+        self.add_with(id, len, |scope| match alone {
+            Some(est) => scope.residual.absorb(est, est.1),
+            None => scope.residual.merge(big),
+        });
+    }
+
+    /// Counts a chunk in both scopes and, if it is sampled, probes the index once: `emit`
+    /// then gives its bytes to each scope it is new to. With sampling, each scope is charged
+    /// the probe and its own emission, to be scaled up to all chunks.
+    fn add_with(&mut self, id: u64, len: u64, mut emit: impl FnMut(&mut ExactScope)) {
+        self.local.chunks += 1;
+        if let Some(g) = self.global.as_mut() {
+            g.chunks += 1;
+        }
+        let sample = self.local.sample;
+        if sample > 1 && id % sample != 0 {
+            return;
+        }
+        let clock = || {
+            if sample > 1 {
+                crate::cpu::thread_cpu_seconds()
+            } else {
+                0.0
+            }
+        };
+        let t0 = clock();
+        let (new_ever, new_here) = self.index.insert_in(id, self.image);
+        let t1 = clock();
+        if new_here {
+            self.local.count_new(id, len);
+            emit(&mut self.local);
+        }
+        let t2 = clock();
+        self.local.sampled_cpu += t2 - t0;
+        if let Some(g) = self.global.as_mut() {
+            if new_ever {
+                g.count_new(id, len);
+                emit(g);
+            }
+            g.sampled_cpu += (t1 - t0) + (clock() - t2);
+        }
+    }
+
+    /// Starts image `image`: the global scope forks from the local one after the first image
+    /// (if `several_images`), and the local scope starts empty.
+    fn next_image(&mut self, image: u64, several_images: bool) {
+        if several_images && self.global.is_none() {
+            self.global = Some(self.local.fork());
+        }
+        self.local.next_image();
+        self.image = image;
     }
 }
 
@@ -949,6 +986,8 @@ impl ExactRunner {
                     local: scope(),
                     // Forked from the local scope when the first image ends.
                     global: None,
+                    index: IdSet::default(),
+                    image: 0,
                     cpu: 0.0,
                     spans: Vec::new(),
                 })
@@ -1011,7 +1050,7 @@ fn add_chunks(
 ) {
     let t0 = crate::cpu::thread_cpu_seconds();
     size.begin(scanned.batch_start(), seq);
-    let spans = &mut size.spans;
+    let mut spans = std::mem::take(&mut size.spans);
     spans.clear();
     let full = match size.spec {
         ChunkerSpec::Fixed { size } => size as u64,
@@ -1029,18 +1068,13 @@ fn add_chunks(
     });
     for k in 0..spans.len() {
         if let Some(&(_, _, ahead)) = spans.get(k + PREFETCH_AHEAD) {
-            size.local.index.prefetch(ahead);
-            if let Some(g) = &size.global {
-                g.index.prefetch(ahead);
-            }
+            size.index.prefetch(ahead);
         }
         let (start, end, id) = spans[k];
         let chunk = scanned.bytes(cursor.joined(), data, start, end);
-        size.local.add(id, start, chunk);
-        if let Some(g) = size.global.as_mut() {
-            g.add(id, start, chunk);
-        }
+        size.add(id, start, chunk);
     }
+    size.spans = spans;
     size.settle(cursor.pending_start());
     size.cpu += crate::cpu::thread_cpu_seconds() - t0;
 }
@@ -1064,7 +1098,7 @@ fn scope_result(
     let sampling_rel = sampling_se / unique.max(1) as f64;
     let rel = (z_rel.powi(2) + sampling_rel.powi(2)).sqrt();
     let refs = scope.chunks * REF_BYTES;
-    let peak = scope.peak_entries.max(scope.index.len()) as u64 * s;
+    let peak = scope.peak_entries.max(scope.entries) as u64 * s;
     let cpu = cpu + scope.unsampled_cpu();
     let family = match spec {
         ChunkerSpec::Whole => "exact-whole",
@@ -1110,10 +1144,7 @@ impl Runner for ExactRunner {
     fn feed(&mut self, batch: &Arc<Batch>) {
         if self.image.is_some_and(|i| i != batch.image) {
             for size in &mut self.sizes {
-                if self.opts.several_images && size.global.is_none() {
-                    size.global = Some(size.local.fork());
-                }
-                size.local.reset_index();
+                size.next_image(batch.image as u64, self.opts.several_images);
             }
         }
         self.image = Some(batch.image);
