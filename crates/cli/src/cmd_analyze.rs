@@ -92,11 +92,10 @@ pub fn run(args: Args) -> Result<()> {
     bar.finish_and_clear();
     if let Some(path) = &args.json {
         let json = serde_json::to_string_pretty(&report)?;
-        std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+        crate::out_file::write_whole(path, json.as_bytes())?;
     }
     if let Some(path) = &args.html {
-        std::fs::write(path, dedupwire_analyze::html::render(&report))
-            .with_context(|| format!("writing {}", path.display()))?;
+        crate::out_file::write_whole(path, dedupwire_analyze::html::render(&report).as_bytes())?;
     }
     if !args.quiet {
         print!("{}", report.to_text());

@@ -64,7 +64,12 @@ fn write_private(path: &Path, text: &str) -> Result<()> {
     let mut file = options
         .open(path)
         .with_context(|| format!("cannot create key file {}", path.display()))?;
-    file.write_all(text.as_bytes())
-        .and_then(|()| file.sync_all())
-        .with_context(|| format!("cannot write key file {}", path.display()))
+    let written = file
+        .write_all(text.as_bytes())
+        .and_then(|()| file.sync_all());
+    if written.is_err() {
+        // This run created the file: a partial key must not be left for a later one to load.
+        let _ = std::fs::remove_file(path);
+    }
+    written.with_context(|| format!("cannot write key file {}", path.display()))
 }

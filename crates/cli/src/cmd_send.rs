@@ -231,7 +231,7 @@ pub fn run(args: Args) -> Result<()> {
         if path.as_os_str() == "-" {
             std::io::stdout().lock().write_all(text.as_bytes())?;
         } else {
-            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+            crate::out_file::write_whole(path, text.as_bytes())?;
         }
     }
     Ok(())

@@ -9,6 +9,7 @@ mod cmd_key;
 mod cmd_replicate;
 mod cmd_send;
 mod cmd_serve;
+mod out_file;
 mod transport;
 
 #[derive(Parser)]

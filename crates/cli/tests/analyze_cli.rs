@@ -1,5 +1,7 @@
 //! `dedupwire analyze` end to end: the binary on real files, its JSON shape, its errors.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -186,4 +188,54 @@ fn chunk_sampling_estimates_within_its_stated_error() {
             "{scope}: exact {eb}, sampled {sb} ± {rel}"
         );
     }
+}
+
+#[test]
+fn a_full_disk_leaves_no_partial_report() {
+    assert!(
+        common::is_root(),
+        "this test mounts a small tmpfs for the reports and needs to run as root"
+    );
+    let tmp = tempdir();
+    write_tree(&tmp.join("v1"), 1);
+    let out = tmp.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let _mount = common::Tmpfs::mount(&out, "64k");
+    std::fs::write(out.join("r.html"), "the previous report").unwrap();
+    let run = dedupwire()
+        .args(["analyze", "-q", "--json"])
+        .arg(out.join("r.json"))
+        .arg("--html")
+        .arg(out.join("r.html"))
+        .arg(tmp.join("v1"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        !run.status.success(),
+        "the HTML report cannot fit in 64 KiB"
+    );
+    assert!(
+        stderr.contains("writing") && stderr.contains("No space left on device"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains(".dedupwire-"),
+        "names a temporary file: {stderr}"
+    );
+    let mut names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["r.html", "r.json"], "a temporary file is left");
+    let html = std::fs::read(out.join("r.html")).unwrap();
+    assert!(
+        html == b"the previous report",
+        "the previous HTML report was replaced by {} bytes",
+        html.len()
+    );
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("r.json")).unwrap()).unwrap();
+    assert!(json["methods"].as_array().is_some_and(|m| !m.is_empty()));
 }

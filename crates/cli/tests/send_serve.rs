@@ -476,19 +476,36 @@ fn a_killed_sender_leaves_the_old_tree_and_a_rerun_resends_little() {
     let _ = fs::remove_dir_all(&dir);
 }
 
-/// Unmounts when dropped.
-struct Mount(PathBuf);
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-    }
+#[test]
+fn a_key_that_cannot_be_written_whole_is_not_left_behind() {
+    assert!(
+        common::is_root(),
+        "this test mounts a small tmpfs for the key and needs to run as root"
+    );
+    let dir = tempdir("fullkey");
+    let mount = common::Tmpfs::mount(&dir, "8k");
+    fs::write(dir.join("filler"), vec![0u8; 5000]).unwrap();
+    let key = dir.join("key");
+    let out = dedupwire()
+        .args(["key", "generate"])
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("No space left on device"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!key.exists(), "a partial key file is left");
+    drop(mount);
+    let _ = fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_full_disk_on_the_receiver_is_a_clear_error_and_the_tree_stays() {
     assert!(
-        is_root(),
+        common::is_root(),
         "this test mounts a small tmpfs as the receiver's root and needs to run as root"
     );
     let dir = tempdir("full");
@@ -496,13 +513,7 @@ fn a_full_disk_on_the_receiver_is_a_clear_error_and_the_tree_stays() {
     generate_key(&key);
     let (src, root) = (dir.join("src"), dir.join("root"));
     fs::create_dir_all(&root).unwrap();
-    let status = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
-        .arg(&root)
-        .status()
-        .unwrap();
-    assert!(status.success(), "mount -t tmpfs failed");
-    let _mount = Mount(root.clone());
+    let _mount = common::Tmpfs::mount(&root, "8m");
     make_tree(&src);
     fs::remove_file(src.join("data/big.bin")).unwrap();
     {
@@ -534,16 +545,4 @@ fn a_full_disk_on_the_receiver_is_a_clear_error_and_the_tree_stays() {
         }
     }
     let _ = fs::remove_dir_all(&src);
-}
-
-fn is_root() -> bool {
-    // The effective uid, as the kernel reports it for this process.
-    fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
 }

@@ -1,7 +1,10 @@
 //! Helpers shared by the CLI's integration tests.
+// Each test file compiles this module and uses some of it.
+#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Lines};
-use std::process::{Child, ChildStderr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStderr, Command};
 
 /// The address a listening `dedupwire` command announced on its first stderr line, and the
 /// rest of its stderr (keep reading it, or the child may block on a full pipe).
@@ -18,4 +21,38 @@ pub fn listening_address(child: &mut Child) -> (String, Lines<BufReader<ChildStd
         .trim_end_matches(',')
         .to_string();
     (addr, lines)
+}
+
+/// Whether this process runs as root (its effective uid, as the kernel reports it).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// A small tmpfs mounted for a full-disk test (needs root), unmounted when dropped.
+pub struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` (as `mount -o size=` takes it) on the directory `at`.
+    pub fn mount(at: &Path, size: &str) -> Tmpfs {
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount -t tmpfs failed");
+        Tmpfs(at.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
 }

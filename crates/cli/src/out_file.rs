@@ -1,0 +1,70 @@
+//! Output files (reports, statistics) written whole or not at all.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::Context;
+
+/// Writes `bytes` to `path` through a temporary file in the same directory that is renamed
+/// over it once complete: a full disk or a crash leaves the previous file (or none), never a
+/// truncated one a later reader would take for a report. Created with the permissions
+/// `std::fs::write` gives (`0o666` less the umask).
+pub fn write_whole(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let context = || format!("writing {}", path.display());
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(".dedupwire-").suffix(".tmp");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    let mut tmp = builder.tempfile_in(dir).with_context(context)?;
+    // Through the file itself: `tempfile`'s own writes name the temporary path in their errors.
+    tmp.as_file_mut().write_all(bytes).with_context(context)?;
+    tmp.as_file().sync_data().with_context(context)?;
+    tmp.persist(path)
+        .map_err(|e| e.error)
+        .with_context(context)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replaces_the_file_and_leaves_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.json");
+        write_whole(&path, b"first").unwrap();
+        write_whole(&path, b"second").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"second");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_failed_write_keeps_what_was_there() {
+        let dir = tempfile::tempdir().unwrap();
+        // A directory in the way: the rename fails after the bytes were written.
+        let path = dir.path().join("taken");
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(path.join("inside"), b"kept").unwrap();
+        let err = write_whole(&path, b"new").unwrap_err();
+        let message = format!("{err:#}");
+        assert!(message.starts_with("writing "), "{message}");
+        assert!(
+            !message.contains(".dedupwire-"),
+            "names the temporary file: {message}"
+        );
+        assert_eq!(std::fs::read(path.join("inside")).unwrap(), b"kept");
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "a temporary file is left"
+        );
+    }
+}
