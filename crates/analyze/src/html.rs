@@ -44,6 +44,7 @@ figure svg{display:block;max-width:100%;height:auto;margin:0 auto}
 figcaption{color:#5b6475;font-size:.9em;margin:6px 4px 0}
 code{background:#eef1f5;padding:1px 4px;border-radius:3px}
 .notes li{margin:3px 0}
+.warning{background:#fff4e5;border:1px solid #f0b429;border-radius:8px;padding:10px 16px}
 ";
 
 /// Renders the report as one HTML file.
@@ -55,6 +56,9 @@ pub fn render(r: &Report) -> String {
     h.push_str(CSS);
     h.push_str("</style>\n</head>\n<body>\n<main>\n");
     header(&mut h, r);
+    for w in &r.warnings {
+        let _ = writeln!(h, "<p class=\"warning\">Warning: {}</p>", esc(w));
+    }
     recommendation(&mut h, r);
 
     h.push_str("<h2 id=\"chunk-size\">Reduction ratio vs chunk size</h2>\n");

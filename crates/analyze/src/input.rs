@@ -57,6 +57,18 @@ pub struct Piece {
     pub size_unique: bool,
 }
 
+/// A file whose length when read differed from its length when listed: it changed while
+/// the analysis ran, which then covers the bytes it read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Changed {
+    /// The file.
+    pub path: PathBuf,
+    /// Its length when the input was listed.
+    pub listed: u64,
+    /// The bytes read from it.
+    pub read: u64,
+}
+
 /// A batch of item pieces from one image.
 #[derive(Debug)]
 pub struct Batch {
@@ -74,6 +86,8 @@ pub struct Batch {
     /// Its Gear cut candidates, found by the first runner that needs them
     /// ([`crate::multi_cut::gear_scan`]).
     pub gear: OnceLock<GearScan>,
+    /// Files that end in this batch and changed while they were read.
+    pub changed: Vec<Changed>,
 }
 
 /// A batch's bytes, starting at a page boundary so that a file read around the page cache
@@ -252,6 +266,7 @@ fn new_batch(image: usize, kind: ItemKind) -> Batch {
         data: BatchBuf::with_capacity(BATCH_BYTES),
         pieces: Vec::new(),
         gear: OnceLock::new(),
+        changed: Vec::new(),
     }
 }
 
@@ -271,12 +286,14 @@ fn read_files(
             Some(fetched) => Source::Fetched(fetched),
             None => Source::open(path).map_err(|e| AnalyzeError::io(path, e))?,
         };
+        let mut read = 0u64;
         loop {
             let start = batch.data.len();
             let want = BATCH_BYTES - start;
             let n = file
                 .read_up_to(want, batch.data.appender())
                 .map_err(|e| AnalyzeError::io(path, e))?;
+            read += n as u64;
             let item_end = n < want;
             if n > 0 || item_end {
                 batch.pieces.push(Piece {
@@ -284,6 +301,13 @@ fn read_files(
                     end: start + n,
                     item_end,
                     size_unique,
+                });
+            }
+            if item_end && read != *size {
+                batch.changed.push(Changed {
+                    path: path.clone(),
+                    listed: *size,
+                    read,
                 });
             }
             if batch.data.len() >= BATCH_BYTES {
@@ -391,6 +415,40 @@ pub(crate) fn test_batches(items: &[Vec<u8>], batch: usize) -> Vec<Batch> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn files_that_changed_since_listed_are_reported_with_the_bytes_read() {
+        let root = std::env::temp_dir().join(format!("dedupwire-changed-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        // Large enough to span batches, small enough to be read by the reader itself.
+        for (name, len) in [("grows", 5 << 20), ("same", 100), ("shrinks", 9 << 20)] {
+            std::fs::write(root.join(name), vec![b'x'; len]).unwrap();
+        }
+        let images = scan(std::slice::from_ref(&root)).unwrap();
+        std::fs::write(root.join("grows"), vec![b'y'; (5 << 20) + 7]).unwrap();
+        std::fs::write(root.join("shrinks"), vec![b'z'; 3]).unwrap();
+        let mut changed = Vec::new();
+        let mut bytes = 0;
+        for b in read_batches(images) {
+            let b = b.unwrap();
+            bytes += b.data.len() as u64;
+            changed.extend(b.changed);
+        }
+        std::fs::remove_dir_all(&root).unwrap();
+        changed.sort_by(|a, b| a.path.cmp(&b.path));
+        let want = [("grows", 5 << 20, (5 << 20) + 7), ("shrinks", 9 << 20, 3)];
+        let want: Vec<Changed> = want
+            .iter()
+            .map(|&(name, listed, read)| Changed {
+                path: root.join(name),
+                listed,
+                read,
+            })
+            .collect();
+        assert_eq!(changed, want);
+        assert_eq!(bytes, (5 << 20) + 7 + 100 + 3);
+    }
 
     #[test]
     fn pieces_say_whether_another_file_of_any_image_has_their_size() {

@@ -186,8 +186,10 @@ pub fn analyze(
         .collect();
     let rx = input::read_batches(images);
     let mut done = 0u64;
+    let mut changed = Vec::new();
     for batch in rx {
-        let batch = batch?;
+        let mut batch = batch?;
+        changed.append(&mut batch.changed);
         let st = &mut image_stats[batch.image];
         st.input_bytes += batch.data.len() as u64;
         st.items += batch.pieces.iter().filter(|p| p.item_end).count() as u64;
@@ -207,7 +209,7 @@ pub fn analyze(
             .map_err(|_| AnalyzeError::Usage("a method worker panicked".into()))?;
         measured.extend(out);
     }
-    Ok(report::build(
+    let mut report = report::build(
         image_stats,
         measured,
         opts,
@@ -215,7 +217,9 @@ pub fn analyze(
         chunk_sample,
         methods == "all-quick",
         started.elapsed().as_secs_f64(),
-    ))
+    );
+    report.warnings = changed.iter().map(report::changed_warning).collect();
+    Ok(report)
 }
 
 /// Batches (4 MiB), compression outputs and encoder frames are allocated and freed thousands

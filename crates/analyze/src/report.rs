@@ -63,6 +63,10 @@ pub struct Report {
     pub recommendation: Recommendation,
     /// How the numbers were obtained.
     pub notes: Vec<String>,
+    /// What the user should know the numbers do not cover, such as files that changed while
+    /// they were read (absent when there is none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     /// Wall seconds the analysis took.
     pub elapsed_s: f64,
 }
@@ -127,8 +131,19 @@ pub(crate) fn build(
         methods,
         recommendation,
         notes,
+        warnings: Vec::new(),
         elapsed_s,
     }
+}
+
+/// The warning for a file that changed while it was read.
+pub(crate) fn changed_warning(c: &crate::input::Changed) -> String {
+    format!(
+        "{} changed while it was read ({} bytes when listed, {} read): the report covers the bytes read",
+        c.path.display(),
+        c.listed,
+        c.read
+    )
 }
 
 /// A note for each similarity scope whose window was too small for more than 1% of the
@@ -262,6 +277,22 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_changed_file_gets_a_warning_and_none_leaves_json_as_it_was() {
+        let changed = crate::input::Changed {
+            path: "/data/live.log".into(),
+            listed: 100,
+            read: 160,
+        };
+        assert_eq!(
+            changed_warning(&changed),
+            "/data/live.log changed while it was read (100 bytes when listed, 160 read): the report covers the bytes read"
+        );
+        let quiet = build(vec![], vec![], &Options::default(), 1, 1, false, 0.0);
+        let json = serde_json::to_value(&quiet).unwrap();
+        assert!(json.get("warnings").is_none(), "{json}");
+    }
 
     fn line(name: &str, scope: &str, params: serde_json::Value) -> MethodReport {
         MethodReport {

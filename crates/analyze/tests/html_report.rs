@@ -69,6 +69,7 @@ fn empty_report() -> Report {
         methods: vec![],
         recommendation: empty_recommendation(),
         notes: vec![],
+        warnings: vec![],
         elapsed_s: 0.0,
     }
 }
@@ -236,6 +237,16 @@ fn empty_report_renders() {
     assert!(h.contains("no images"));
     assert!(h.contains("no methods were measured"));
     assert!(h.contains("no global-scope methods"));
+    assert!(!h.contains("Warning:"), "a warning box without warnings");
+}
+
+#[test]
+fn warnings_are_shown_escaped() {
+    let mut r = empty_report();
+    r.warnings = vec!["a <file> changed while it was read".into()];
+    let h = html::render(&r);
+    assert_well_formed(&h);
+    assert!(h.contains("Warning: a &lt;file&gt; changed while it was read"));
 }
 
 #[test]

@@ -90,6 +90,9 @@ pub fn run(args: Args) -> Result<()> {
         bar.set_position(done);
     })?;
     bar.finish_and_clear();
+    for w in &report.warnings {
+        eprintln!("dedupwire: warning: {w}");
+    }
     if let Some(path) = &args.json {
         let json = serde_json::to_string_pretty(&report)?;
         crate::out_file::write_whole(path, json.as_bytes())?;
