@@ -138,12 +138,18 @@ pub(crate) fn build(
 
 /// The warning for a file that changed while it was read.
 pub(crate) fn changed_warning(c: &crate::input::Changed) -> String {
-    format!(
-        "{} changed while it was read ({} bytes when listed, {} read): the report covers the bytes read",
-        c.path.display(),
-        c.listed,
-        c.read
-    )
+    match c.read {
+        Some(read) => format!(
+            "{} changed while it was read ({} bytes when listed, {read} read): the report covers the bytes read",
+            c.path.display(),
+            c.listed,
+        ),
+        None => format!(
+            "{} was removed before it was read ({} bytes when listed): the report leaves it out",
+            c.path.display(),
+            c.listed,
+        ),
+    }
 }
 
 /// A note for each similarity scope whose window was too small for more than 1% of the
@@ -283,11 +289,19 @@ mod tests {
         let changed = crate::input::Changed {
             path: "/data/live.log".into(),
             listed: 100,
-            read: 160,
+            read: Some(160),
         };
         assert_eq!(
             changed_warning(&changed),
             "/data/live.log changed while it was read (100 bytes when listed, 160 read): the report covers the bytes read"
+        );
+        let gone = crate::input::Changed {
+            read: None,
+            ..changed
+        };
+        assert_eq!(
+            changed_warning(&gone),
+            "/data/live.log was removed before it was read (100 bytes when listed): the report leaves it out"
         );
         let quiet = build(vec![], vec![], &Options::default(), 1, 1, false, 0.0);
         let json = serde_json::to_value(&quiet).unwrap();

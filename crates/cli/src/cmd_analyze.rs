@@ -90,8 +90,20 @@ pub fn run(args: Args) -> Result<()> {
         bar.set_position(done);
     })?;
     bar.finish_and_clear();
-    for w in &report.warnings {
+    const SHOWN: usize = 20;
+    for w in report.warnings.iter().take(SHOWN) {
         eprintln!("dedupwire: warning: {w}");
+    }
+    if report.warnings.len() > SHOWN {
+        eprintln!(
+            "dedupwire: warning: {} more files changed while they were read{}",
+            report.warnings.len() - SHOWN,
+            if args.json.is_some() {
+                " (all are listed in the JSON report)"
+            } else {
+                ""
+            }
+        );
     }
     if let Some(path) = &args.json {
         let json = serde_json::to_string_pretty(&report)?;
