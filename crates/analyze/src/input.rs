@@ -315,7 +315,9 @@ fn read_files(
                     size_unique,
                 });
             }
-            if item_end && read != *size {
+            // Pipes and devices have no length to compare with: only regular files changed.
+            let regular = || std::fs::metadata(path).map_or(true, |m| m.is_file());
+            if item_end && read != *size && regular() {
                 batch.changed.push(Changed {
                     path: path.clone(),
                     listed: *size,
@@ -550,6 +552,35 @@ mod tests {
         let failure = list_files(&missing).expect_err("no such tree").to_string();
         assert!(failure.contains("dedupwire-none-"), "{failure}");
         assert!(failure.contains("No such file"), "{failure}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_pipe_is_read_to_its_end_and_has_no_length_to_have_changed_from() {
+        let dir = std::env::temp_dir().join(format!("dedupwire-pipe-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("stream");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        let images = scan(std::slice::from_ref(&fifo)).unwrap();
+        let writer = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::write(fifo, vec![7u8; 6 << 20]).unwrap())
+        };
+        let (mut bytes, mut changed) = (0, Vec::new());
+        for b in read_batches(images) {
+            let b = b.unwrap();
+            bytes += b.data.len();
+            changed.extend(b.changed);
+        }
+        writer.join().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(bytes, 6 << 20);
+        assert_eq!(changed, []);
     }
 
     #[test]
