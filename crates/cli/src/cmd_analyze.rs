@@ -61,6 +61,9 @@ pub fn run(args: Args) -> Result<()> {
     let Some(window) = parse_size(&args.window) else {
         bail!("--window {:?}: use a size like 512MiB or 2GiB", args.window);
     };
+    if window == 0 {
+        bail!("--window must be more than 0: it is the recent data similarity may use as delta sources");
+    }
     if args.sample_chunks == 0 {
         bail!("--sample-chunks must be at least 1");
     }

@@ -100,7 +100,7 @@ fn analyzes_two_releases_and_writes_stable_json_and_html() {
 #[test]
 fn bad_input_gets_a_clear_error() {
     let tmp = tempdir();
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 7] = [
         (
             &["analyze", "/no/such/path"],
             "/no/such/path: No such file or directory",
@@ -115,6 +115,11 @@ fn bad_input_gets_a_clear_error() {
             &["analyze", "--sample", "0", "."],
             "--sample must be at least 1",
         ),
+        (
+            &["analyze", "--window", "0", "."],
+            "--window must be more than 0",
+        ),
+        (&["analyze", "--window", "lots", "."], "--window \"lots\""),
     ];
     for (args, want) in cases {
         let out = dedupwire().current_dir(&tmp).args(args).output().unwrap();
