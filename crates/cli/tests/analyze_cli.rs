@@ -197,10 +197,6 @@ fn chunk_sampling_estimates_within_its_stated_error() {
 
 #[test]
 fn a_full_disk_leaves_no_partial_report() {
-    assert!(
-        common::is_root(),
-        "this test mounts a small tmpfs for the reports and needs to run as root"
-    );
     let tmp = tempdir();
     write_tree(&tmp.join("v1"), 1);
     let out = tmp.join("out");
@@ -215,15 +211,9 @@ fn a_full_disk_leaves_no_partial_report() {
         .arg(tmp.join("v1"))
         .output()
         .unwrap();
+    common::assert_disk_full(&run);
     let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(
-        !run.status.success(),
-        "the HTML report cannot fit in 64 KiB"
-    );
-    assert!(
-        stderr.contains("writing") && stderr.contains("No space left on device"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("writing"), "{stderr}");
     assert!(
         !stderr.contains(".dedupwire-"),
         "names a temporary file: {stderr}"

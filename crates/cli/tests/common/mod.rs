@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, BufReader, Lines};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStderr, Command};
+use std::process::{Child, ChildStderr, Command, Output};
 
 /// The address a listening `dedupwire` command announced on its first stderr line, and the
 /// rest of its stderr (keep reading it, or the child may block on a full pipe).
@@ -39,8 +39,13 @@ pub fn is_root() -> bool {
 pub struct Tmpfs(PathBuf);
 
 impl Tmpfs {
-    /// Mounts a tmpfs of `size` (as `mount -o size=` takes it) on the directory `at`.
+    /// Mounts a tmpfs of `size` (as `mount -o size=` takes it) on the directory `at`; fails
+    /// saying so when not root.
     pub fn mount(at: &Path, size: &str) -> Tmpfs {
+        assert!(
+            is_root(),
+            "this test fills a small tmpfs it mounts, and needs to run as root"
+        );
         let status = Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
             .arg(at)
@@ -55,4 +60,12 @@ impl Drop for Tmpfs {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.0).status();
     }
+}
+
+/// Asserts that `out` is a failure whose error says the disk is full.
+pub fn assert_disk_full(out: &Output) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "succeeded: {stderr}");
+    assert!(stderr.contains("No space left on device"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }
