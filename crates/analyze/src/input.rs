@@ -435,7 +435,7 @@ mod tests {
         let root = std::env::temp_dir().join(format!("dedupwire-changed-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(&root).unwrap();
-        // Large enough to span batches, small enough to be read by the reader itself.
+        // Two of them span batches.
         let files = [
             ("gone", 10),
             ("grows", 5 << 20),
