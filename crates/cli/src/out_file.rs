@@ -8,9 +8,16 @@ use anyhow::Context;
 /// Writes `bytes` to `path` through a temporary file in the same directory that is renamed
 /// over it once complete: a full disk or a crash leaves the previous file (or none), never a
 /// truncated one a later reader would take for a report. Created with the permissions
-/// `std::fs::write` gives (`0o666` less the umask).
+/// `std::fs::write` gives (`0o666` less the umask). A symbolic link is written through, to
+/// the file it names; a device or a pipe (`/dev/stdout`) is written to directly.
 pub fn write_whole(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     let context = || format!("writing {}", path.display());
+    let target = match std::fs::metadata(path) {
+        Ok(meta) if !meta.is_file() => return std::fs::write(path, bytes).with_context(context),
+        Ok(_) => std::fs::canonicalize(path).with_context(context)?,
+        Err(_) => path.to_path_buf(),
+    };
+    let path = target.as_path();
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -44,6 +51,32 @@ mod tests {
         write_whole(&path, b"second").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"second");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn writes_through_a_link_and_straight_into_a_pipe() {
+        use std::os::unix::fs::FileTypeExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (file, link) = (dir.path().join("latest.json"), dir.path().join("r.json"));
+        std::fs::write(&file, b"old").unwrap();
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        write_whole(&link, b"new").unwrap();
+        assert!(link.symlink_metadata().unwrap().file_type().is_symlink());
+        assert_eq!(std::fs::read(&file).unwrap(), b"new");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+        // As /dev/stdout is when piped: renaming over it would replace it.
+        let fifo = dir.path().join("fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.unwrap().success());
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::read(fifo).unwrap())
+        };
+        write_whole(&fifo, b"streamed").unwrap();
+        // Checked first: a renamed-over pipe would leave the reader waiting forever.
+        assert!(fifo.metadata().unwrap().file_type().is_fifo(), "replaced");
+        assert_eq!(reader.join().unwrap(), b"streamed");
     }
 
     #[test]
