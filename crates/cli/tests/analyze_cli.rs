@@ -98,6 +98,30 @@ fn analyzes_two_releases_and_writes_stable_json_and_html() {
 }
 
 #[test]
+fn an_empty_input_is_a_report_with_a_warning() {
+    let tmp = tempdir();
+    std::fs::create_dir_all(tmp.join("empty")).unwrap();
+    std::fs::write(tmp.join("empty/nothing"), b"").unwrap();
+    std::fs::write(tmp.join("empty/void"), b"").unwrap();
+    let json = tmp.join("r.json");
+    let out = dedupwire()
+        .args(["analyze", "-q", "--json"])
+        .arg(&json)
+        .arg(tmp.join("empty"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning: the input's 2 items are all empty"),
+        "{stderr}"
+    );
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(r["input_bytes"], 0);
+    assert_eq!(r["warnings"].as_array().map(Vec::len), Some(1), "{r}");
+}
+
+#[test]
 fn bad_input_gets_a_clear_error() {
     let tmp = tempdir();
     let cases: [(&[&str], &str); 7] = [
