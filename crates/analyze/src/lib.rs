@@ -218,13 +218,7 @@ pub fn analyze(
         methods == "all-quick",
         started.elapsed().as_secs_f64(),
     );
-    report.warnings = changed.iter().map(report::changed_warning).collect();
-    if report.input_bytes == 0 {
-        report.warnings.push(match report.items {
-            0 => "the input holds no files or documents: there is nothing to measure".into(),
-            n => format!("the input's {n} items are all empty: there is nothing to measure"),
-        });
-    }
+    report.warnings = report::warnings(&changed, report.input_bytes, report.items);
     Ok(report)
 }
 

@@ -136,8 +136,25 @@ pub(crate) fn build(
     }
 }
 
+/// What the numbers do not cover: files that `changed` while they were read, and an input
+/// of no bytes at all (`input_bytes` in `items`).
+pub(crate) fn warnings(
+    changed: &[crate::input::Changed],
+    input_bytes: u64,
+    items: u64,
+) -> Vec<String> {
+    let mut warnings: Vec<String> = changed.iter().map(changed_warning).collect();
+    if input_bytes == 0 {
+        warnings.push(match items {
+            0 => "the input holds no files or documents: there is nothing to measure".into(),
+            n => format!("the input's {n} items are all empty: there is nothing to measure"),
+        });
+    }
+    warnings
+}
+
 /// The warning for a file that changed while it was read.
-pub(crate) fn changed_warning(c: &crate::input::Changed) -> String {
+fn changed_warning(c: &crate::input::Changed) -> String {
     match c.read {
         Some(read) => format!(
             "{} changed while it was read ({} bytes when listed, {read} read): the report covers the bytes read",
@@ -302,6 +319,11 @@ mod tests {
         assert_eq!(
             changed_warning(&gone),
             "/data/live.log was removed before it was read (100 bytes when listed): the report leaves it out"
+        );
+        assert_eq!(warnings(&[gone], 5, 1).len(), 1);
+        assert_eq!(
+            warnings(&[], 0, 0),
+            ["the input holds no files or documents: there is nothing to measure"]
         );
         let quiet = build(vec![], vec![], &Options::default(), 1, 1, false, 0.0);
         let json = serde_json::to_value(&quiet).unwrap();

@@ -99,7 +99,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     if report.warnings.len() > SHOWN {
         eprintln!(
-            "dedupwire: warning: {} more files changed while they were read{}",
+            "dedupwire: warning: {} more warnings{}",
             report.warnings.len() - SHOWN,
             if args.json.is_some() {
                 " (all are listed in the JSON report)"
