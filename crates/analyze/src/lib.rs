@@ -118,6 +118,15 @@ pub fn auto_compress_every(bytes: u64) -> u64 {
     }
 }
 
+/// The `compress_every` a run over `disk_total` bytes uses: the caller's, or
+/// [`auto_compress_every`] of the whole input. Chunk sampling leaves it alone: compression
+/// alone and similarity still emit every byte, and sampled +zstd lines are upper bounds anyway.
+fn compress_every(opts: &Options, disk_total: u64) -> u64 {
+    opts.compress_every
+        .unwrap_or_else(|| auto_compress_every(disk_total))
+        .clamp(1, 1 << 20)
+}
+
 /// Runs the analysis; `progress` is called with the bytes read so far.
 pub fn analyze(
     paths: &[PathBuf],
@@ -141,10 +150,7 @@ pub fn analyze(
     };
     let specs = parse_methods(methods, documents)?;
     let chunk_sample = opts.chunk_sample.clamp(1, 1 << 20);
-    let compress_every = opts
-        .compress_every
-        .unwrap_or_else(|| auto_compress_every(disk_total / chunk_sample))
-        .clamp(1, 1 << 20);
+    let compress_every = compress_every(opts, disk_total);
     let ropts = methods::RunnerOptions {
         on_top: opts.on_top,
         compress_every,
@@ -285,4 +291,25 @@ fn xxh3_stream_s_per_byte() -> f64 {
         buf.chunks(64 << 10).for_each(|c| h.update(c));
         h.digest() as u8
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_sampling_keeps_the_compressed_batches_of_the_whole_input() {
+        let disk = 3_331_731_456;
+        let opts = |chunk_sample| Options {
+            chunk_sample,
+            ..Options::default()
+        };
+        assert_eq!(compress_every(&opts(1), disk), 50);
+        assert_eq!(compress_every(&opts(8), disk), 50);
+        let given = Options {
+            compress_every: Some(3),
+            ..opts(8)
+        };
+        assert_eq!(compress_every(&given, disk), 3);
+    }
 }
