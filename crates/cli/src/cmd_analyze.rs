@@ -38,7 +38,8 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     sample: Option<u64>,
     /// Exact dedup indexes 1 chunk in N, chosen by content, and scales up, stating the error
-    /// (for inputs too large to analyze in full; +zstd lines then become upper bounds).
+    /// (for inputs too large to analyze in full; +zstd lines then become upper bounds; whole
+    /// files are never sampled).
     #[arg(long, value_name = "N", default_value_t = 1)]
     sample_chunks: u64,
     /// Recent data the similarity method may use as delta sources (e.g. 512MiB, 2GiB).
