@@ -156,6 +156,7 @@ pub fn analyze(
         compress_every,
         chunk_sample,
         several_images: images.len() > 1,
+        documents,
         window_bytes: opts.window_bytes,
         blake3_s_per_byte,
         frame_hash_s_per_byte: xxh3_stream_s_per_byte(),

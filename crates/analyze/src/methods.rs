@@ -261,6 +261,8 @@ pub struct RunnerOptions {
     pub compress_every: u64,
     /// True when there are several images, so global differs from local.
     pub several_images: bool,
+    /// True when items are documents (each write one item, often millions) rather than files.
+    pub documents: bool,
     /// Window of the similarity encoders, in bytes.
     pub window_bytes: u64,
     /// Index only chunks whose id is 0 modulo this (1: every chunk) and scale up.
@@ -1006,12 +1008,12 @@ impl ExactRunner {
             })),
             _ => Cutter::Multi(Box::new(MultiCut::new(specs).map_err(AnalyzeError::Usage)?)),
         };
-        // Whole items are few and index one entry each: sampling them saves little memory
-        // and leaves a handful of items to scale up (on the five tar images, 197% off at 78%
-        // stated), so they are never sampled.
+        // Whole files are few and index one entry each: sampling them saves little memory and
+        // leaves a handful to scale up (on the five tar images, 197% off at 78% stated), so
+        // only whole documents, as numerous as chunks, are sampled.
         let sample = match cutter {
-            Cutter::Whole(_) => 1,
-            Cutter::Multi(_) => opts.chunk_sample,
+            Cutter::Whole(_) if !opts.documents => 1,
+            _ => opts.chunk_sample,
         };
         let scope = || ExactScope::new(opts.compress_every, opts.on_top, sample, &opts.memo);
         Ok(ExactRunner {
@@ -1761,6 +1763,7 @@ mod tests {
             on_top: Compression::Zstd(3),
             compress_every: 1,
             several_images: false,
+            documents: false,
             window_bytes: 1 << 30,
             chunk_sample: 1,
             blake3_s_per_byte: |_| 0.0,
@@ -1810,7 +1813,7 @@ mod tests {
     }
 
     #[test]
-    fn chunk_sampling_leaves_whole_items_exact() {
+    fn chunk_sampling_leaves_whole_files_exact_and_samples_documents() {
         let items: Vec<Vec<u8>> = (0..6u64).map(|i| noise(40_000, i % 4 * 2 + 1)).collect();
         let sampled = RunnerOptions {
             chunk_sample: 8,
@@ -1835,6 +1838,13 @@ mod tests {
             with[0].rel_error > 0.0,
             "chunks by content are still sampled"
         );
+        let documents = RunnerOptions {
+            documents: true,
+            ..sampled
+        };
+        let docs: Vec<Vec<u8>> = (0..400u64).map(|i| noise(300, i * 2 + 1)).collect();
+        let with = run_with(ChunkerSpec::Whole, &docs, &documents);
+        assert!(with[0].rel_error > 0.0, "whole documents are sampled");
     }
 
     #[test]

@@ -39,7 +39,7 @@ pub struct Args {
     sample: Option<u64>,
     /// Exact dedup indexes 1 chunk in N, chosen by content, and scales up, stating the error
     /// (for inputs too large to analyze in full; +zstd lines then become upper bounds; whole
-    /// files are never sampled).
+    /// files are never sampled, whole documents are).
     #[arg(long, value_name = "N", default_value_t = 1)]
     sample_chunks: u64,
     /// Recent data the similarity method may use as delta sources (e.g. 512MiB, 2GiB).
