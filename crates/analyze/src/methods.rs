@@ -1147,6 +1147,11 @@ fn scope_result(
     };
     let label = format!("exact-{}", spec.label());
     let params = serde_json::json!({ "chunker": spec });
+    let mut z_params = serde_json::json!({ "chunker": spec, "compression": on_top.to_string() });
+    if s > 1 {
+        // Sampled chunks compress without their neighbours, so the line overstates.
+        z_params["upper_bound"] = true.into();
+    }
     let base_cpu = cpu + chunk_cost;
     vec![
         Measured {
@@ -1163,7 +1168,7 @@ fn scope_result(
             name: format!("{label}+{}", short(on_top)),
             family: format!("{family}+{}", short(on_top)),
             scope: name,
-            params: serde_json::json!({ "chunker": spec, "compression": on_top.to_string() }),
+            params: z_params,
             output_bytes: z_bytes + refs,
             index_bytes: peak * INDEX_ENTRY_BYTES,
             cpu_seconds: base_cpu + z_cpu,
@@ -1821,6 +1826,7 @@ mod tests {
         };
         let plain = run(ChunkerSpec::Whole, &items);
         let with = run_with(ChunkerSpec::Whole, &items, &sampled);
+        assert_eq!(with[1].params.get("upper_bound"), None);
         assert_eq!(plain[0].output_bytes, 4 * 40_000 + 6 * REF_BYTES);
         let out = |m: &[Measured]| {
             m.iter()
@@ -1834,6 +1840,8 @@ mod tests {
             max: 16384,
         };
         let with = run_with(cdc, &items, &sampled);
+        assert_eq!(with[1].params["upper_bound"], true, "{}", with[1].name);
+        assert_eq!(with[0].params.get("upper_bound"), None);
         assert!(
             with[0].rel_error > 0.0,
             "chunks by content are still sampled"
