@@ -116,7 +116,7 @@ pub(crate) fn build(
     }
     if chunk_sample > 1 {
         notes.push(format!(
-            "exact dedup indexed 1 chunk in {chunk_sample}, chosen by content (every copy of a sampled chunk is sampled), and scaled up; rel_error includes this sampling error; +zstd lines compress the sampled chunks without their neighbours and overstate the output (by 20-60% on source trees): read them as upper bounds; whole-file dedup indexed every file (whole documents are sampled like chunks)"
+            "exact dedup indexed 1 chunk in {chunk_sample}, chosen by content (every copy of a sampled chunk is sampled), and scaled up; rel_error includes this sampling error; +zstd lines compress the sampled chunks without their neighbours and overstate the output (by 20-60% on source trees): read them as upper bounds; whole files are never sampled, whole documents are"
         ));
     }
     if compress_every > 1 {
