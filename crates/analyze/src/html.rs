@@ -385,10 +385,9 @@ fn methods_table(h: &mut String, r: &Report) {
         .chain(r.methods.iter().filter(|m| m.scope != "global"));
     for m in ordered {
         let rec = m.scope == "global" && m.name == r.recommendation.method;
-        let err = if m.rel_error > 0.0 && m.rel_error.is_finite() {
-            format!(" ± {:.1}%", m.rel_error * 100.0)
-        } else {
-            String::new()
+        let err = match m.error_label() {
+            e if e.is_empty() => e,
+            e => format!(" {}", esc(&e)),
         };
         let _ = writeln!(
             h,

@@ -48,6 +48,21 @@ pub struct MethodReport {
     pub rel_error: f64,
 }
 
+impl MethodReport {
+    /// How the line's error reads in a table: its standard error if sampled, and whether
+    /// `output_bytes` is only an upper bound (chunk-sampled `+zstd` lines).
+    pub fn error_label(&self) -> String {
+        let mut parts = Vec::new();
+        if self.rel_error > 0.0 && self.rel_error.is_finite() {
+            parts.push(format!("±{:.1}%", self.rel_error * 100.0));
+        }
+        if self.params.get("upper_bound") == Some(&serde_json::Value::Bool(true)) {
+            parts.push("upper bound".to_string());
+        }
+        parts.join(", ")
+    }
+}
+
 /// The whole report. The field names are a stable interface.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
@@ -272,10 +287,9 @@ impl Report {
                 .iter()
                 .find(|l| l.scope == "local" && l.name == m.name)
                 .map_or(m.ratio, |l| l.ratio);
-            let err = if m.rel_error > 0.0 {
-                format!(" ±{:.1}%", m.rel_error * 100.0)
-            } else {
-                String::new()
+            let err = match m.error_label() {
+                e if e.is_empty() => e,
+                e => format!(" {e}"),
             };
             let _ = writeln!(
                 s,
@@ -343,6 +357,18 @@ mod tests {
             cpu_s_per_gb: 1.0,
             rel_error: 0.0,
         }
+    }
+
+    #[test]
+    fn a_line_reads_its_error_and_whether_it_is_an_upper_bound() {
+        let mut m = line("exact-cdc-4KiB+zstd", "global", serde_json::json!({}));
+        assert_eq!(m.error_label(), "");
+        m.rel_error = 0.0234;
+        assert_eq!(m.error_label(), "±2.3%");
+        m.params = serde_json::json!({ "upper_bound": true });
+        assert_eq!(m.error_label(), "±2.3%, upper bound");
+        m.rel_error = f64::NAN;
+        assert_eq!(m.error_label(), "upper bound");
     }
 
     #[test]

@@ -214,7 +214,7 @@ fn realistic_report_has_charts_recommendation_and_escaped_paths() {
         count(&h, "<tr") - count(&h, "<tr><th"),
         r.methods.len() + r.images.len()
     );
-    assert!(h.contains("± 1.2%"));
+    assert!(h.contains("±1.2%"));
     assert!(h.contains("class=\"rec\""), "recommended row is marked");
     // Notes.
     for n in &r.notes {
