@@ -933,10 +933,12 @@ impl SizeState {
                 0.0
             }
         };
-        let compressed_before = (
-            self.local.residual.cpu(),
-            self.global.as_ref().map_or(0.0, |g| g.residual.cpu()),
-        );
+        let compressed_before = timed.then(|| {
+            (
+                self.local.residual.cpu(),
+                self.global.as_ref().map_or(0.0, |g| g.residual.cpu()),
+            )
+        });
         let t0 = clock();
         let (new_ever, new_here) = self.index.insert_in(id, self.image);
         let t1 = clock();
@@ -945,16 +947,16 @@ impl SizeState {
             emit(&mut self.local);
         }
         let t2 = clock();
-        if timed {
-            self.local.charge_index(t2 - t0, compressed_before.0);
+        if let Some((local, _)) = compressed_before {
+            self.local.charge_index(t2 - t0, local);
         }
         if let Some(g) = self.global.as_mut() {
             if new_ever {
                 g.count_new(id, len);
                 emit(g);
             }
-            if timed {
-                g.charge_index((t1 - t0) + (clock() - t2), compressed_before.1);
+            if let Some((_, global)) = compressed_before {
+                g.charge_index((t1 - t0) + (clock() - t2), global);
             }
         }
     }

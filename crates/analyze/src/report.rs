@@ -131,7 +131,7 @@ pub(crate) fn build(
     }
     if chunk_sample > 1 {
         notes.push(format!(
-            "exact dedup indexed 1 chunk in {chunk_sample}, chosen by content (every copy of a sampled chunk is sampled), and scaled up; rel_error includes this sampling error; +zstd lines compress the sampled chunks without their neighbours and overstate the output (by 20-60% on source trees): read them as upper bounds; whole files are never sampled, whole documents are"
+            "exact dedup indexed 1 chunk in {chunk_sample}, chosen by content (every copy of a sampled chunk is sampled), and scaled up; rel_error includes this sampling error; +zstd lines compress the sampled chunks without their neighbours and overstate the output (whole documents of rfcs.jsonl by 72% at 1 in 4): read them as upper bounds; whole files are never sampled, whole documents are"
         ));
     }
     if compress_every > 1 {
