@@ -159,6 +159,7 @@ pub fn analyze(
         documents,
         window_bytes: opts.window_bytes,
         blake3_s_per_byte,
+        features_s_per_byte,
         frame_hash_s_per_byte: xxh3_stream_s_per_byte(),
         memo: Default::default(),
     };
@@ -282,6 +283,28 @@ fn blake3_s_per_byte(chunk: usize) -> f64 {
     });
     cache.lock().expect("no panics while held").insert(chunk, v);
     v
+}
+
+/// CPU seconds per byte of the engine's super-features of files' units (8 KiB chunks),
+/// measured once.
+fn features_s_per_byte() -> f64 {
+    static CACHE: OnceLock<f64> = OnceLock::new();
+    *CACHE.get_or_init(|| {
+        let files = dedupwire_engine::pipeline::PipelineConfig::files();
+        let dedupwire_engine::pipeline::Similarity::SuperFeatures(config) = files.similarity else {
+            return 0.0;
+        };
+        let dedupwire_engine::chunk::ChunkerSpec::Cdc { avg, .. } = files.chunker else {
+            return 0.0;
+        };
+        let mut out = Vec::new();
+        s_per_byte(|buf| {
+            buf.chunks(avg).fold(0, |acc, c| {
+                config.super_features_into(c, &mut out);
+                acc ^ out[0] as u8
+            })
+        })
+    })
 }
 
 /// CPU seconds per byte of xxh3 fed a 4 MiB batch in 64 KiB pieces, as a frame's content

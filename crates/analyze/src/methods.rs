@@ -19,15 +19,19 @@ use dedupwire_engine::compress::{Compression, Compressor};
 use dedupwire_engine::exact_index::PassThrough;
 use dedupwire_engine::fingerprint::Fingerprinter;
 use dedupwire_engine::pipeline::{
-    Encoder, PipelineConfig, Prepared, PreparedUnits, SharedBytes, UnitPrep, UnitStore, SMALLER,
+    Encoder, PipelineConfig, Prepared, PreparedUnits, SharedBytes, Similarity, UnitPrep, UnitStore,
+    SMALLER,
 };
+use dedupwire_engine::similarity::SuperFeatureConfig;
 use serde::Serialize;
 
 use crate::cpu::charge;
 use crate::id_set::IdSet;
 use crate::input::{Batch, ItemKind, Piece, BATCH_BYTES};
 use crate::memo::Memo;
-use crate::multi_cut::{cdc_lens, cdc_level, gear_scan, Cursor, GearScan, MultiCut, Scanned};
+use crate::multi_cut::{
+    cdc_lens, cdc_level, gear_scan, Cursor, GearScan, MultiCut, Scanned, ODESS_LEVEL,
+};
 use crate::AnalyzeError;
 
 /// Bytes a chunk reference costs in a recipe or on the wire (tag + chunk number + length).
@@ -224,7 +228,9 @@ pub fn runners(
         .iter()
         .filter_map(|s| match *s {
             MethodSpec::Exact(c) => cdc_level(c),
-            MethodSpec::Similarity => cdc_level(SimilarityRunner::files_chunker()),
+            MethodSpec::Similarity => {
+                cdc_level(SimilarityRunner::files_chunker()).map(|l| l.min(ODESS_LEVEL))
+            }
             MethodSpec::Compress(_) => None,
         })
         .min()
@@ -269,6 +275,10 @@ pub struct RunnerOptions {
     pub chunk_sample: u64,
     /// BLAKE3 CPU seconds per byte, by chunk size, measured on this machine.
     pub blake3_s_per_byte: fn(usize) -> f64,
+    /// CPU seconds per byte of the engine's super-features of files' units, measured on this
+    /// machine: similarity takes them from the batch's Gear scan instead (see
+    /// [`ODESS_LEVEL`]) and charges a deployment's cost.
+    pub features_s_per_byte: fn() -> f64,
     /// CPU seconds per byte of a frame's content hash (xxh3 over its items), measured on this
     /// machine: the similarity encoders skip the hash, which only a decoder needs, and charge
     /// this instead.
@@ -1532,10 +1542,36 @@ fn kind_slot(kind: ItemKind) -> usize {
 /// Bytes of units each thread of [`prepare_units`] takes at least.
 const UNITS_PER_THREAD: usize = if cfg!(test) { 16 << 10 } else { 1 << 20 };
 
+/// Odess features of a batch's units from its Gear scan (see [`ODESS_LEVEL`]).
+#[derive(Clone, Copy)]
+struct ScanFeatures<'a> {
+    gear: &'a GearScan,
+    /// The batch's bytes, which the units are slices of.
+    data: &'a [u8],
+    config: SuperFeatureConfig,
+}
+
+impl ScanFeatures<'_> {
+    /// The super-features of `unit` into `out`; false if no position in it was sampled.
+    fn of(&self, unit: &[u8], out: &mut Vec<u64>) -> bool {
+        let from = (unit.as_ptr() as usize).wrapping_sub(self.data.as_ptr() as usize);
+        assert!(
+            from <= self.data.len() && unit.len() <= self.data.len() - from,
+            "units are slices of their batch"
+        );
+        let samples = self.gear.samples(from, from + unit.len(), ODESS_LEVEL);
+        self.config.odess_from_samples(samples, out)
+    }
+}
+
 /// Fingerprints and features of `units`, in consecutive parts of at least
 /// [`UNITS_PER_THREAD`] bytes on their own threads (one part per core at most), with each
-/// part's CPU seconds.
-fn prepare_units(prep: &UnitPrep, units: &[&[u8]]) -> Vec<(PreparedUnits, f64)> {
+/// part's CPU seconds. Features come from `scan` where it has them.
+fn prepare_units(
+    prep: &UnitPrep,
+    units: &[&[u8]],
+    scan: Option<ScanFeatures<'_>>,
+) -> Vec<(PreparedUnits, f64)> {
     let total: usize = units.iter().map(|u| u.len()).sum();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let parts = (total / UNITS_PER_THREAD).clamp(1, cores);
@@ -1560,7 +1596,14 @@ fn prepare_units(prep: &UnitPrep, units: &[&[u8]]) -> Vec<(PreparedUnits, f64)> 
             move || {
                 let mut done = PreparedUnits::default();
                 let mut cpu = 0.0;
-                charge(&mut cpu, || prep.prepare(part.iter().copied(), &mut done));
+                charge(&mut cpu, || match scan {
+                    Some(scan) => {
+                        prep.prepare_with(part.iter().copied(), &mut done, |_, u, out| {
+                            scan.of(u, out)
+                        })
+                    }
+                    None => prep.prepare(part.iter().copied(), &mut done),
+                });
                 (done, cpu)
             }
         })
@@ -1625,40 +1668,62 @@ impl Runner for SimilarityRunner {
         let mut prepare_cpu = ((self.opts.blake3_s_per_byte)(unit_bytes)
             + self.opts.frame_hash_s_per_byte)
             * batch.data.len() as f64;
-        // Units by content are cut from the batch's Gear scan, which exact dedup shares.
-        let gear = cdc_level(config.chunker).map(|l| gear_scan(batch, self.gear_level.min(l)));
+        // Units by content are cut from the batch's Gear scan, which exact dedup shares, and
+        // their super-features sampled from it; a deployment's features are charged instead.
+        let gear = cdc_level(config.chunker)
+            .map(|l| gear_scan(batch, self.gear_level.min(l).min(ODESS_LEVEL)));
         prepare_cpu += gear.as_ref().map_or(0.0, |g| g.cpu);
+        let scan = match (&gear, config.similarity) {
+            (Some(gear), Similarity::SuperFeatures(config)) => {
+                prepare_cpu += (self.opts.features_s_per_byte)() * batch.data.len() as f64;
+                Some(ScanFeatures {
+                    gear,
+                    data: &batch.data,
+                    config,
+                })
+            }
+            _ => None,
+        };
         let cut = |i: usize, _: &[u8], lens: &mut Vec<u32>| {
             let gear: &GearScan = gear.as_ref().expect("units by content");
             cdc_lens(gear, &batch.pieces[i], config.chunker, lens)
         };
-        let Some(scopes) = &self.scopes else {
-            // One scope: the encoder computes features only for units it does not find whole.
-            let (every, on_top) = (self.opts.compress_every, self.opts.on_top);
-            let local = self.local[slot]
-                .get_or_insert_with(|| SimScope::new(config, every, on_top, &self.opts.memo, None));
-            let mut prepared = Prepared::default();
-            charge(&mut prepare_cpu, || match gear {
-                Some(_) => local
-                    .encoder
-                    .prepare_fingerprints_with(&items, &mut prepared, cut),
-                None => local.encoder.prepare_fingerprints(&items, &mut prepared),
-            });
-            let owner: SharedBytes = batch.clone();
-            local.feed((&owner, batch.seq), &items, &prepared, prepare_cpu);
-            return;
-        };
-        let prep = self.prep[slot].get_or_insert_with(|| sim_encoder(config));
+        let (every, on_top) = (self.opts.compress_every, self.opts.on_top);
         let mut prepared = Prepared::default();
+        let prep = match &self.scopes {
+            Some(_) => self.prep[slot].get_or_insert_with(|| sim_encoder(config)),
+            None => {
+                let local = self.local[slot].get_or_insert_with(|| {
+                    SimScope::new(config, every, on_top, &self.opts.memo, None)
+                });
+                if gear.is_none() {
+                    // One scope, whole items: the encoder computes features only for the
+                    // items it does not find whole.
+                    charge(&mut prepare_cpu, || {
+                        local.encoder.prepare_fingerprints(&items, &mut prepared)
+                    });
+                    let owner: SharedBytes = batch.clone();
+                    local.feed((&owner, batch.seq), &items, &prepared, prepare_cpu);
+                    return;
+                }
+                &mut local.encoder
+            }
+        };
         charge(&mut prepare_cpu, || match gear {
             Some(_) => prep.prepare_cuts_with(&items, &mut prepared, cut),
             None => prep.prepare_cuts(&items, &mut prepared),
         });
         let units = prepared.units(&items);
-        for (done, cpu) in prepare_units(&prep.unit_prep(), &units) {
+        for (done, cpu) in prepare_units(&prep.unit_prep(), &units, scan) {
             prepared.append_units(&done);
             prepare_cpu += cpu;
         }
+        let Some(scopes) = &self.scopes else {
+            let local = self.local[slot].as_mut().expect("made above");
+            let owner: SharedBytes = batch.clone();
+            local.feed((&owner, batch.seq), &items, &prepared, prepare_cpu);
+            return;
+        };
         let prepared = Arc::new(prepared);
         for scope in scopes {
             scope.send((
@@ -1774,9 +1839,98 @@ mod tests {
             window_bytes: 1 << 30,
             chunk_sample: 1,
             blake3_s_per_byte: |_| 0.0,
+            features_s_per_byte: || 0.0,
             frame_hash_s_per_byte: 0.0,
             memo: Memo::default(),
         }
+    }
+
+    #[test]
+    fn units_of_files_take_their_features_from_the_gear_scan() {
+        let items = vec![noise(200_000, 21), noise(30_000, 22)];
+        let b = test_batches(&items, 1 << 20).remove(0);
+        let config = PipelineConfig::files();
+        let Similarity::SuperFeatures(sf) = config.similarity else {
+            panic!("files use super-features");
+        };
+        let gear = gear_scan(&b, ODESS_LEVEL);
+        let mut enc = Encoder::new(config).unwrap();
+        let pieces: Vec<&[u8]> = b.pieces.iter().map(|p| b.bytes(p)).collect();
+        let mut cuts = Prepared::default();
+        enc.prepare_cuts_with(&pieces, &mut cuts, |i, _, lens| {
+            cdc_lens(&gear, &b.pieces[i], config.chunker, lens)
+        });
+        let units = cuts.units(&pieces);
+        assert!(units.len() > 20);
+        // Odess over the Gear hash the scan rolls (from zero at each piece), sampled at
+        // `ODESS_LEVEL`: the hashes from bit 60 down to bit 54 zero.
+        let table = dedupwire_engine::chunk::FastCdc::gear_table();
+        let mut want = PreparedUnits::default();
+        let mut unit_at = 0;
+        enc.unit_prep()
+            .prepare_with(units.iter().copied(), &mut want, |_, unit, out| {
+                let piece = b
+                    .pieces
+                    .iter()
+                    .find(|p| p.start <= unit_at && unit_at < p.end);
+                let piece = piece.expect("units lie in pieces");
+                let mut h = 0u64;
+                let mut samples = Vec::new();
+                for (k, &x) in b.bytes(piece).iter().enumerate() {
+                    h = (h << 1).wrapping_add(table[x as usize]);
+                    let at = piece.start + k;
+                    if (unit_at..unit_at + unit.len()).contains(&at)
+                        && (h << 3).leading_zeros() >= 7
+                    {
+                        samples.push(h);
+                    }
+                }
+                unit_at += unit.len();
+                sf.odess_from_samples(samples, out)
+            });
+        let scan = ScanFeatures {
+            gear: &gear,
+            data: &b.data,
+            config: sf,
+        };
+        let with = |parts: &[&PreparedUnits]| {
+            let mut p = cuts.clone();
+            parts.iter().for_each(|u| p.append_units(u));
+            format!("{p:?}")
+        };
+        let got = prepare_units(&enc.unit_prep(), &units, Some(scan));
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert!(
+            got.len() > 1 || cores == 1,
+            "in parts, on their own threads"
+        );
+        let got = with(&got.iter().map(|(u, _)| u).collect::<Vec<_>>());
+        assert_eq!(got, with(&[&want]));
+        let mut engine = PreparedUnits::default();
+        enc.unit_prep().prepare(units.iter().copied(), &mut engine);
+        assert_ne!(got, with(&[&engine]));
+    }
+
+    #[test]
+    fn similarity_of_files_charges_a_deployments_features() {
+        let images = [vec![noise(1 << 20, 31)], vec![noise(1 << 20, 32)]];
+        let cpu = |features_s_per_byte: fn() -> f64| {
+            let opts = RunnerOptions {
+                several_images: true,
+                features_s_per_byte,
+                ..opts()
+            };
+            let mut runner = SimilarityRunner::new(&opts, ALONE).unwrap();
+            feed_images(&mut runner, &images);
+            let m = Box::new(runner).finish();
+            let line = m
+                .iter()
+                .find(|m| m.name == "similarity" && m.scope == "global");
+            line.unwrap().cpu_seconds
+        };
+        // 2 MiB at a microsecond a byte: two seconds more.
+        let extra = cpu(|| 1e-6) - cpu(|| 0.0);
+        assert!((1.9..2.3).contains(&extra), "{extra}");
     }
 
     #[test]
@@ -1791,7 +1945,7 @@ mod tests {
         let mut parts = Prepared::default();
         enc.prepare_cuts(&items, &mut parts);
         let units = parts.units(&items);
-        let done = prepare_units(&enc.unit_prep(), &units);
+        let done = prepare_units(&enc.unit_prep(), &units, None);
         assert!(done.len() > 1 || std::thread::available_parallelism().unwrap().get() == 1);
         for (d, _) in &done {
             parts.append_units(d);

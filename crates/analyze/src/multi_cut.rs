@@ -16,7 +16,8 @@
 //! The candidates are found once per batch for every runner ([`gear_scan`]): the similarity
 //! method cuts its 8 KiB units of files from them too ([`cdc_lens`]), by the same rule,
 //! where it used to roll the engine's chunker over every byte again (7% of the analysis'
-//! CPU on disk images).
+//! CPU on disk images), and takes their Odess features from its hashes at the candidates of
+//! [`ODESS_LEVEL`], where the engine rolled its own Gear hash over every byte once more (12%).
 //!
 //! Chunk ids of the larger CDC sizes are made from **segment** ids, so each byte is hashed
 //! about once rather than once per size: segments end at item ends and at candidates of level
@@ -101,21 +102,26 @@ fn level(h: u64) -> u32 {
     (h << (63 - TOP_BIT)).leading_zeros()
 }
 
+/// The Gear level at which similarity samples the Odess features of its units of files:
+/// one position in 128, Odess' rate. Its units are cut from the batch's [`GearScan`], whose
+/// hashes at these candidates give their features without rolling over the bytes again.
+pub const ODESS_LEVEL: u32 = 7;
+
 /// A batch's Gear candidates, found once for every runner that cuts by content.
 #[derive(Debug, Clone, Default)]
 pub struct GearScan {
     /// Every position of at least this level is a candidate.
     level: u32,
-    /// Candidate cuts `end << 8 | level`, `end` an offset in the batch (exclusive), sorted.
-    /// The hash starts from zero at each piece.
-    cands: Vec<u64>,
+    /// Candidate cuts `end << 8 | level`, `end` an offset in the batch (exclusive), sorted,
+    /// and the Gear hash there. The hash starts from zero at each piece.
+    cands: Hashed,
     /// CPU seconds the scan took: each runner using it is charged them, as if alone.
     pub cpu: f64,
 }
 
 impl GearScan {
     fn of(batch: &Batch, level: u32) -> GearScan {
-        let (mut cands, mut lane2, mut cpu) = (Vec::new(), Vec::new(), 0.0);
+        let (mut cands, mut lane2, mut cpu) = (Hashed::default(), Hashed::default(), 0.0);
         charge(&mut cpu, || {
             for piece in &batch.pieces {
                 let at = piece.start as u64;
@@ -125,12 +131,67 @@ impl GearScan {
         GearScan { level, cands, cpu }
     }
 
+    /// The indexes of the candidates ending in `(from, to]` (batch offsets).
+    fn range(&self, from: usize, to: usize) -> std::ops::Range<usize> {
+        let cands = &self.cands.cands;
+        let (from, to) = ((from as u64) << 8 | 0xff, (to as u64) << 8 | 0xff);
+        let a = cands.partition_point(|&c| c <= from);
+        a..a + cands[a..].partition_point(|&c| c <= to)
+    }
+
     /// The candidates ending in `(from, to]` (batch offsets).
     fn within(&self, from: usize, to: usize) -> &[u64] {
-        let (from, to) = ((from as u64) << 8 | 0xff, (to as u64) << 8 | 0xff);
-        let a = self.cands.partition_point(|&c| c <= from);
-        let b = a + self.cands[a..].partition_point(|&c| c <= to);
-        &self.cands[a..b]
+        &self.cands.cands[self.range(from, to)]
+    }
+
+    /// The Gear hashes at the positions of `level` or more in batch offsets `from..to`: the
+    /// Odess samples of the unit there (see [`ODESS_LEVEL`]).
+    pub fn samples(&self, from: usize, to: usize, level: u32) -> impl Iterator<Item = u64> + '_ {
+        assert!(self.level <= level, "the Gear scan misses samples");
+        let r = self.range(from, to);
+        self.cands.cands[r.clone()]
+            .iter()
+            .zip(&self.cands.hashes[r])
+            .filter(move |&(&c, _)| (c & 0xff) as u32 >= level)
+            .map(|(_, &h)| h)
+    }
+}
+
+/// Where a Gear scan records its candidates, `end << 8 | level`.
+trait Sink {
+    fn record(&mut self, cand: u64, hash: u64);
+    /// Appends `other`'s candidates (a second lane) and empties it.
+    fn take_lane(&mut self, other: &mut Self);
+}
+
+impl Sink for Vec<u64> {
+    #[inline(always)]
+    fn record(&mut self, cand: u64, _: u64) {
+        self.push(cand);
+    }
+
+    fn take_lane(&mut self, other: &mut Self) {
+        self.append(other);
+    }
+}
+
+/// Candidates with the hash at each.
+#[derive(Debug, Clone, Default)]
+struct Hashed {
+    cands: Vec<u64>,
+    hashes: Vec<u64>,
+}
+
+impl Sink for Hashed {
+    #[inline(always)]
+    fn record(&mut self, cand: u64, hash: u64) {
+        self.cands.push(cand);
+        self.hashes.push(hash);
+    }
+
+    fn take_lane(&mut self, other: &mut Self) {
+        self.cands.append(&mut other.cands);
+        self.hashes.append(&mut other.hashes);
     }
 }
 
@@ -626,13 +687,13 @@ fn skip_before(cands: &[u64], mut ci: usize, target: u64) -> usize {
 /// dependency chains. The second lane starts from a zero hash 64 bytes before its half: the
 /// hash shifts one bit per byte, so after 64 bytes it no longer depends on where it started,
 /// and both lanes record exactly what one sequential scan would.
-fn scan_gear(
+fn scan_gear<S: Sink>(
     bytes: &[u8],
     hash: u64,
     at: u64,
     min_level: u32,
-    out: &mut Vec<u64>,
-    lane2: &mut Vec<u64>,
+    out: &mut S,
+    lane2: &mut S,
 ) -> u64 {
     if bytes.len() < 4096 {
         return scan_seq(bytes, hash, at, min_level, out);
@@ -645,14 +706,13 @@ fn scan_gear(
         .iter()
         .fold(0u64, |h, &x| (h << 1).wrapping_add(gear[x as usize]));
     let mut ha = hash;
-    lane2.clear();
     let quads = mid / 4;
     for (k, (qa, qb)) in a.chunks_exact(4).zip(b.chunks_exact(4)).enumerate() {
         let pos = at + 4 * k as u64;
         ha = step4(ha, qa, pos, &test, out);
         hb = step4(hb, qb, pos + mid as u64, &test, lane2);
     }
-    out.extend_from_slice(lane2);
+    out.take_lane(lane2);
     scan_seq(
         &b[4 * quads..],
         hb,
@@ -685,7 +745,7 @@ impl LevelTest {
 /// one addition, test and branch per byte (see [`FastCdc::gear4_table`]); a step with a
 /// candidate is replayed byte by byte.
 #[inline(always)]
-fn step4(hash: u64, q: &[u8], pos: u64, test: &LevelTest, out: &mut Vec<u64>) -> u64 {
+fn step4<S: Sink>(hash: u64, q: &[u8], pos: u64, test: &LevelTest, out: &mut S) -> u64 {
     let g = FastCdc::gear4_table();
     let m = &test.masks;
     let x = (hash << 4).wrapping_add(g[0][q[0] as usize]);
@@ -711,19 +771,22 @@ fn step4(hash: u64, q: &[u8], pos: u64, test: &LevelTest, out: &mut Vec<u64>) ->
 /// candidate; the hash after them.
 #[cold]
 #[inline(never)]
-fn replay4(mut hash: u64, q: &[u8], pos: u64, limit: u64, out: &mut Vec<u64>) -> u64 {
+fn replay4<S: Sink>(mut hash: u64, q: &[u8], pos: u64, limit: u64, out: &mut S) -> u64 {
     let gear = FastCdc::gear_table();
     for (k, &b) in q.iter().enumerate() {
         hash = (hash << 1).wrapping_add(gear[b as usize]);
         if (hash << (63 - TOP_BIT)) < limit {
-            out.push((pos + k as u64 + 1) << 8 | level(hash).min(255) as u64);
+            out.record(
+                (pos + k as u64 + 1) << 8 | level(hash).min(255) as u64,
+                hash,
+            );
         }
     }
     hash
 }
 
 /// [`scan_gear`] one byte after the other.
-fn scan_seq(bytes: &[u8], mut hash: u64, at: u64, min_level: u32, out: &mut Vec<u64>) -> u64 {
+fn scan_seq<S: Sink>(bytes: &[u8], mut hash: u64, at: u64, min_level: u32, out: &mut S) -> u64 {
     let test = LevelTest::new(min_level);
     let mut quads = bytes.chunks_exact(4);
     let mut pos = at;
@@ -1000,12 +1063,38 @@ mod tests {
         assert!(matches!(gear_scan(&b, 11), Cow::Borrowed(_)));
         let filtered: Vec<u64> = low
             .cands
+            .cands
             .iter()
             .copied()
             .filter(|&c| c & 0xff >= 11)
             .collect();
-        assert_eq!(filtered, high.cands);
-        assert!(low.cands.len() > 4 * high.cands.len());
+        assert_eq!(filtered, high.cands.cands);
+        assert!(low.cands.cands.len() > 4 * high.cands.cands.len());
+    }
+
+    #[test]
+    fn samples_are_the_gear_hashes_at_the_positions_of_their_level() {
+        let items = vec![data(60_000, 7), data(9000, 8)];
+        let b = batches(&items, 1 << 20).remove(0);
+        let scan = gear_scan(&b, ODESS_LEVEL);
+        let gear = FastCdc::gear_table();
+        for piece in &b.pieces {
+            let (from, to) = (piece.start + 1000, piece.start + 8000);
+            for level in [ODESS_LEVEL, ODESS_LEVEL + 2] {
+                let mut h = 0u64;
+                let mut want = Vec::new();
+                for (k, &x) in b.bytes(piece).iter().enumerate() {
+                    h = (h << 1).wrapping_add(gear[x as usize]);
+                    let at = piece.start + k;
+                    if (from..to).contains(&at) && super::level(h) >= level {
+                        want.push(h);
+                    }
+                }
+                assert!(want.len() > 10, "{}", want.len());
+                let got: Vec<u64> = scan.samples(from, to, level).collect();
+                assert_eq!(got, want, "level {level}");
+            }
+        }
     }
 
     #[test]

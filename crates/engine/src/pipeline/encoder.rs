@@ -208,12 +208,37 @@ pub struct UnitPrep {
 impl UnitPrep {
     /// Appends the fingerprint and features of each of `units` to `out`.
     pub fn prepare<'a>(&self, units: impl IntoIterator<Item = &'a [u8]>, out: &mut PreparedUnits) {
-        for unit in units {
+        self.prepare_with(units, out, |_, _, _| false);
+    }
+
+    /// [`UnitPrep::prepare`], taking each unit's features from `features` (given the unit's
+    /// index among `units`, its bytes and where to put them) where it returns true: a caller
+    /// that sampled the units' Gear hashes already (see
+    /// [`SuperFeatureConfig::odess_from_samples`]).
+    ///
+    /// [`SuperFeatureConfig::odess_from_samples`]: crate::similarity::SuperFeatureConfig::odess_from_samples
+    pub fn prepare_with<'a>(
+        &self,
+        units: impl IntoIterator<Item = &'a [u8]>,
+        out: &mut PreparedUnits,
+        mut features: impl FnMut(usize, &[u8], &mut Vec<u64>) -> bool,
+    ) {
+        let mut feats = Vec::new();
+        for (k, unit) in units.into_iter().enumerate() {
             out.fps.push(self.fingerprinter.fingerprint(unit));
-            out.feats
-                .extend_from_slice(&features_of(self.similarity, unit));
+            if features(k, unit, &mut feats) {
+                out.feats.extend_from_slice(&feats);
+            } else {
+                out.feats
+                    .extend_from_slice(&features_of(self.similarity, unit));
+            }
             out.offs.push(out.feats.len() as u32);
         }
+    }
+
+    /// How units are compared for similarity.
+    pub fn similarity(&self) -> Similarity {
+        self.similarity
     }
 }
 

@@ -154,6 +154,40 @@ impl SuperFeatureConfig {
         }
     }
 
+    /// Odess super-features from Gear hashes the caller sampled over a chunk, for a caller
+    /// that already rolls a Gear hash over every byte to cut chunks (an analysis): the maxima
+    /// of the same transforms, grouped the same way, without rolling over the chunk again.
+    /// They are comparable only with super-features from the same hash and sampling. False,
+    /// with `out` empty, when no hash was given or the method is not Odess: the caller then
+    /// takes [`SuperFeatureConfig::super_features_into`].
+    ///
+    /// # Panics
+    /// If the configuration is invalid (see [`SuperFeatureConfig::validate`]).
+    pub fn odess_from_samples(
+        &self,
+        hashes: impl IntoIterator<Item = u64>,
+        out: &mut Vec<u64>,
+    ) -> bool {
+        if let Err(e) = self.validate() {
+            panic!("{e}");
+        }
+        out.clear();
+        if self.method != SuperFeatureMethod::Odess {
+            return false;
+        }
+        let f = self.features;
+        let mut features = [0u64; MAX_FEATURES];
+        let mut sampled = false;
+        for h in hashes {
+            sampled = true;
+            transform_max(h, &mut features[..f]);
+        }
+        if sampled {
+            group_consecutive(&features[..f], self.per_super_feature, out);
+        }
+        sampled
+    }
+
     /// The raw features of `chunk` before grouping (for tests and analysis).
     ///
     /// # Panics
@@ -540,6 +574,24 @@ mod tests {
     }
 
     /// Frozen vectors: a change that moves these changes every stored super-feature.
+    #[test]
+    fn features_from_samples_are_those_of_the_same_sampled_positions() {
+        let c = cfg(SuperFeatureMethod::Odess);
+        let chunk = noise(8192, 3);
+        let sampled: Vec<u64> = gear_hashes(&chunk)
+            .into_iter()
+            .filter(|h| h & ODESS_SAMPLE_MASK == 0)
+            .collect();
+        assert!(!sampled.is_empty());
+        let mut out = vec![7];
+        assert!(c.odess_from_samples(sampled.iter().rev().copied(), &mut out));
+        assert_eq!(out, c.super_features(&chunk));
+        assert!(!c.odess_from_samples([], &mut out));
+        assert!(out.is_empty());
+        let finesse = cfg(SuperFeatureMethod::Finesse);
+        assert!(!finesse.odess_from_samples(sampled, &mut out));
+    }
+
     #[test]
     fn golden_vectors() {
         let text = b"The quick brown fox jumps over the lazy dog. ".repeat(100);
