@@ -12,6 +12,7 @@
 
 mod cpu;
 mod direct;
+mod hash;
 pub mod html;
 mod huge;
 mod id_set;

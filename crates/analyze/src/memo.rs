@@ -74,7 +74,7 @@ impl Memo {
         scratch: &mut Vec<u8>,
         cpu: &mut f64,
     ) -> usize {
-        let key = (c.method(), data.len(), xxhash_rust::xxh3::xxh3_128(data));
+        let key = (c.method(), data.len(), crate::hash::xxh3_128(data));
         let entry = {
             let mut map = self.map.lock().expect("no panics while held");
             match map.get(&key) {

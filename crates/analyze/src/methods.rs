@@ -783,7 +783,7 @@ const WHOLE_BUFFER: usize = if cfg!(test) { 1 << 20 } else { 64 << 20 };
 /// whose size no other file has is new without being hashed (as duplicate finders such as `fdupes` do), which
 /// spares hashing most bytes of inputs made of large files.
 struct WholeItem {
-    hasher: xxhash_rust::xxh3::Xxh3,
+    hasher: crate::hash::Xxh3,
     /// Items ended so far.
     items: u64,
     /// Stream position after the bytes pushed so far.
@@ -848,7 +848,7 @@ impl WholeItem {
         let id = if piece.size_unique {
             // No other file has its size, so no other item equals it: any id of its own will
             // do, and the item's bytes need no hashing.
-            xxhash_rust::xxh3::xxh3_64_with_seed(&self.items.to_le_bytes(), UNIQUE_SIZE_SEED)
+            crate::hash::xxh3_64_with_seed(&self.items.to_le_bytes(), UNIQUE_SIZE_SEED)
         } else {
             self.hasher.digest()
         };
@@ -1006,7 +1006,7 @@ impl ExactRunner {
     ) -> Result<Self, AnalyzeError> {
         let cutter = match specs {
             [ChunkerSpec::Whole] => Cutter::Whole(Box::new(WholeItem {
-                hasher: xxhash_rust::xxh3::Xxh3::new(),
+                hasher: crate::hash::Xxh3::default(),
                 items: 0,
                 pos: 0,
                 len: 0,
@@ -1085,7 +1085,7 @@ fn id_from_blocks(blocks: &Blocks, start: u64, n: usize, buf: &mut Vec<u8>) -> u
     for &(_, id) in blocks.range(first..first + n) {
         buf.extend_from_slice(&id.to_le_bytes());
     }
-    xxhash_rust::xxh3::xxh3_64(buf)
+    crate::hash::xxh3_64(buf)
 }
 
 /// Adds the chunks of size `i` (at `cursor`) that `scanned` decides in `data`: first all their

@@ -292,7 +292,7 @@ pub struct MultiCut {
     seg_cand: Option<u64>,
     /// The open segment's bytes from batches before the current one, hashed as they came:
     /// a segment may be as long as an item (a run with no candidates), so it is never kept.
-    seg_open: xxhash_rust::xxh3::Xxh3,
+    seg_open: crate::hash::Xxh3,
     /// The largest chunk of a size with segments: no chunk holds a longer segment whole, so
     /// longer ones are not hashed at all.
     seg_max: u64,
@@ -342,7 +342,7 @@ impl MultiCut {
             segs: Vec::new(),
             seg_from: 0,
             seg_cand: None,
-            seg_open: xxhash_rust::xxh3::Xxh3::new(),
+            seg_open: crate::hash::Xxh3::default(),
             seg_max,
             cuts,
             min_level,
@@ -452,9 +452,7 @@ impl MultiCut {
                 self.seg_open.reset();
                 0
             } else if self.seg_from >= base {
-                xxhash_rust::xxh3::xxh3_64(
-                    &data[(self.seg_from - base) as usize..(p - base) as usize],
-                )
+                crate::hash::xxh3_64(&data[(self.seg_from - base) as usize..(p - base) as usize])
             } else {
                 self.seg_open.update(&data[..(p - base) as usize]);
                 let id = self.seg_open.digest();
@@ -621,7 +619,7 @@ impl Scanned<'_> {
     /// xxh3 of its bytes, or for sizes with segments, made from them (see the module doc),
     /// with `buf` as scratch.
     pub fn id(&self, i: usize, (start, end): (u64, u64), chunk: &[u8], buf: &mut Vec<u8>) -> u64 {
-        use xxhash_rust::xxh3::xxh3_64;
+        use crate::hash::xxh3_64;
         if !self.from_segs[i] {
             return xxh3_64(chunk);
         }
@@ -912,7 +910,7 @@ mod tests {
 
     /// A chunk's id from its bytes alone, as the module doc defines it for `level`.
     fn content_id(chunk: &[u8], level: u32) -> u64 {
-        use xxhash_rust::xxh3::xxh3_64;
+        use crate::hash::xxh3_64;
         let gear = FastCdc::gear_table();
         let mut h = 0u64;
         let (mut ends, mut last) = (Vec::new(), None);
@@ -992,7 +990,7 @@ mod tests {
                             ChunkerSpec::Cdc { avg, .. } if avg >= 4096 => {
                                 content_id(&c, SEG_LEVEL)
                             }
-                            _ => xxhash_rust::xxh3::xxh3_64(&c),
+                            _ => crate::hash::xxh3_64(&c),
                         };
                         assert_eq!(id, want, "size {i}, batch {batch}, {} bytes", c.len());
                         assert_eq!(*seen[i].entry(id).or_insert_with(|| c.clone()), c);

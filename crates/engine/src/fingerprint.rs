@@ -106,16 +106,17 @@ impl fmt::Debug for Fingerprinter {
     }
 }
 
-/// The 64-bit xxh3 hash of `data`: for features and sketches, not identity.
+/// The 64-bit xxh3 hash of `data`: for features and sketches, not identity. From
+/// `twox-hash`, which picks AVX2 at run time (`xxhash-rust` is built for SSE2).
 #[inline]
 pub fn feature_hash(data: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(data)
+    twox_hash::XxHash3_64::oneshot(data)
 }
 
 /// The 128-bit xxh3 hash of `data`: a fast identity for estimates where an adversary is absent.
 #[inline]
 pub fn fast_id(data: &[u8]) -> u128 {
-    xxhash_rust::xxh3::xxh3_128(data)
+    twox_hash::XxHash3_128::oneshot(data)
 }
 
 #[cfg(test)]
@@ -134,5 +135,15 @@ mod tests {
         assert_eq!(feature_hash(b""), 0x2d06800538d394c2);
         let keyed = Fingerprinter::keyed([7; 32]).fingerprint(b"dedupwire");
         assert_ne!(keyed, fp);
+    }
+
+    #[test]
+    fn fast_hashes_are_xxh3() {
+        let data: Vec<u8> = (0..20_000u32).map(|i| (i ^ i >> 5) as u8).collect();
+        for len in [0, 3, 16, 100, 240, 241, 1000, 8192, 20_000] {
+            let d = &data[..len];
+            assert_eq!(feature_hash(d), xxhash_rust::xxh3::xxh3_64(d), "{len}");
+            assert_eq!(fast_id(d), xxhash_rust::xxh3::xxh3_128(d), "{len}");
+        }
     }
 }
