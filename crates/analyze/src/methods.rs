@@ -1863,7 +1863,7 @@ mod tests {
         let units = cuts.units(&pieces);
         assert!(units.len() > 20);
         // Odess over the Gear hash the scan rolls (from zero at each piece), sampled at
-        // `ODESS_LEVEL`: the hashes from bit 60 down to bit 54 zero.
+        // `ODESS_LEVEL`: that many hash bits zero from bit 60 down.
         let table = dedupwire_engine::chunk::FastCdc::gear_table();
         let mut want = PreparedUnits::default();
         let mut unit_at = 0;
@@ -1880,7 +1880,7 @@ mod tests {
                     h = (h << 1).wrapping_add(table[x as usize]);
                     let at = piece.start + k;
                     if (unit_at..unit_at + unit.len()).contains(&at)
-                        && (h << 3).leading_zeros() >= 7
+                        && (h << 3).leading_zeros() >= ODESS_LEVEL
                     {
                         samples.push(h);
                     }
