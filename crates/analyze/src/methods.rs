@@ -803,6 +803,20 @@ struct WholeItem {
 }
 
 impl WholeItem {
+    /// The id of the item `piece` ends: of its bytes, which are `whole` if it came in one
+    /// piece and were hashed as they came otherwise.
+    fn id(&self, piece: Piece, whole: &[u8]) -> u64 {
+        if piece.size_unique {
+            // No other file has its size, so no other item equals it: any id of its own will
+            // do, and the item's bytes need no hashing.
+            crate::hash::xxh3_64_with_seed(&self.items.to_le_bytes(), UNIQUE_SIZE_SEED)
+        } else if self.len == 0 {
+            crate::hash::xxh3_64(whole)
+        } else {
+            self.hasher.digest()
+        }
+    }
+
     /// Says that input batch `seq` starts here.
     fn begin_batch(&mut self, seq: u64) {
         self.seq = seq;
@@ -815,6 +829,15 @@ impl WholeItem {
     }
 
     fn push(&mut self, data: &[u8], piece: Piece, size: &mut SizeState) {
+        if self.len == 0 && piece.item_end && data.len() <= WHOLE_BUFFER {
+            // A whole item in one piece (most files of a tree): added from the batch, neither
+            // copied nor hashed in pieces.
+            self.items += 1;
+            let id = self.id(piece, data);
+            size.add(id, self.pos, data);
+            self.pos += data.len() as u64;
+            return;
+        }
         if self.len == 0 {
             self.starts.push((self.pos, self.seq));
         }
@@ -845,13 +868,7 @@ impl WholeItem {
             return;
         }
         self.items += 1;
-        let id = if piece.size_unique {
-            // No other file has its size, so no other item equals it: any id of its own will
-            // do, and the item's bytes need no hashing.
-            crate::hash::xxh3_64_with_seed(&self.items.to_le_bytes(), UNIQUE_SIZE_SEED)
-        } else {
-            self.hasher.digest()
-        };
+        let id = self.id(piece, &[]);
         match self.big.take() {
             Some(mut big) => {
                 big.flush();
@@ -1971,6 +1988,21 @@ mod tests {
             runner.feed(&Arc::new(batch));
         }
         Box::new(runner).finish()
+    }
+
+    #[test]
+    fn a_whole_item_in_one_piece_equals_one_cut_across_batches() {
+        let (a, b) = (noise(700_000, 5), noise(200_000, 6));
+        let filler = noise(500_000, 7);
+        // The second copy of `a` spans the first batch's end (1 MiB), then the first does.
+        for items in [
+            vec![a.clone(), b.clone(), a.clone()],
+            vec![filler.clone(), a.clone(), a.clone()],
+        ] {
+            let m = run(ChunkerSpec::Whole, &items);
+            let unique = (items[0].len() + items[1].len()) as u64;
+            assert_eq!(m[0].output_bytes, unique + 3 * REF_BYTES);
+        }
     }
 
     #[test]
