@@ -1,6 +1,7 @@
 //! Chunking and hashing throughput: our FastCDC against the `fastcdc` crate (`v2020`) on the
 //! same buffer in the same run, beside memory bandwidth (`memcpy`), `cat FILE > /dev/null`,
-//! BLAKE3, xxh3, and the super-features of 8 KiB chunks (Odess, the default).
+//! BLAKE3, xxh3 (also on 8 KiB chunks in the cache, from `xxhash-rust` and `twox-hash`), and
+//! the super-features of 8 KiB chunks (Odess, the default).
 //!
 //! Input: `--input FILE`, or `--pkgs` (every file under `target/bench-data/pkgs`, made by
 //! `bench/fetch-data.sh`, concatenated in path order), else `--size-mib` MiB of deterministic
@@ -70,6 +71,9 @@ enum Work {
     Blake3,
     Xxh3_64,
     Xxh3_128,
+    /// xxh3-64 of 8 KiB chunks of the input's first MiB, again and again (as the analysis
+    /// hashes chunks the Gear scan just read): from `twox-hash` if true, else `xxhash-rust`.
+    Xxh3InCache(bool),
     /// Super-features of every chunk of the given cuts (chunk lengths).
     Features(Vec<usize>),
 }
@@ -245,6 +249,17 @@ fn build_rows(with_cat: bool, data: &[u8]) -> Result<Vec<Row>> {
     rows.push(row("blake3::hash".into(), Work::Blake3, crate_8k));
     rows.push(row("xxh3-64".into(), Work::Xxh3_64, crate_8k));
     rows.push(row("xxh3-128".into(), Work::Xxh3_128, crate_8k));
+    let in_cache = rows.len();
+    rows.push(row(
+        "xxh3-64, 8 KiB chunks in cache, xxhash-rust".into(),
+        Work::Xxh3InCache(false),
+        in_cache,
+    ));
+    rows.push(row(
+        "xxh3-64, 8 KiB chunks in cache, twox-hash".into(),
+        Work::Xxh3InCache(true),
+        in_cache,
+    ));
     let (min, avg, max) = CDC_8K;
     let cuts = chunks(&FastCdc::new(min, avg, max)?, data)
         .map(|c| c.len())
@@ -297,6 +312,21 @@ fn measure(
         }
         Work::Xxh3_128 => {
             black_box(xxhash_rust::xxh3::xxh3_128(black_box(data)));
+            None
+        }
+        Work::Xxh3InCache(twox) => {
+            let window = &data[..data.len().min(1 << 20)];
+            let mut acc = 0u64;
+            for _ in 0..data.len() / window.len().max(1) {
+                for c in window.chunks(8 << 10) {
+                    acc ^= if *twox {
+                        twox_hash::XxHash3_64::oneshot(black_box(c))
+                    } else {
+                        xxhash_rust::xxh3::xxh3_64(black_box(c))
+                    };
+                }
+            }
+            black_box(acc);
             None
         }
         Work::Features(cuts) => {
