@@ -16,7 +16,6 @@ use std::thread::JoinHandle;
 
 use dedupwire_engine::chunk::{size_label, ChunkerSpec};
 use dedupwire_engine::compress::{Compression, Compressor};
-use dedupwire_engine::exact_index::PassThrough;
 use dedupwire_engine::fingerprint::Fingerprinter;
 use dedupwire_engine::pipeline::{
     Encoder, PipelineConfig, Prepared, PreparedUnits, SharedBytes, Similarity, UnitPrep, UnitStore,
@@ -684,10 +683,10 @@ fn ratio_variance(pairs: &[(f64, f64)], big_n: f64, proxy_sum: f64) -> Option<f6
 struct ExactScope {
     sample: u64,
     unique_bytes: u64,
-    /// Bytes each sampled chunk id contributed to `unique_bytes` (more than its size when the
-    /// local index resets and the same chunk is new in several images): their inclusion is
-    /// one coin flip, so the variance sums the squares of these totals.
-    contrib: std::collections::HashMap<u64, f64, PassThrough>,
+    /// The sum over sampled chunk ids of the square of the bytes each contributed to
+    /// `unique_bytes` (more than its size when the same chunk is new to the local scope in
+    /// several images): an id's inclusion is one coin flip, so the variance sums these.
+    contrib_sq: f64,
     chunks: u64,
     /// Ids this scope's index holds: for the local scope those of the current image.
     entries: usize,
@@ -703,7 +702,7 @@ impl ExactScope {
         ExactScope {
             sample: sample.max(1),
             unique_bytes: 0,
-            contrib: Default::default(),
+            contrib_sq: 0.0,
             chunks: 0,
             entries: 0,
             peak_entries: 0,
@@ -712,13 +711,14 @@ impl ExactScope {
         }
     }
 
-    /// Counts the sampled chunk `id` of `len` bytes as new to this scope.
-    fn count_new(&mut self, id: u64, len: u64) {
+    /// Counts a sampled chunk of `len` bytes as new to this scope, which had counted it
+    /// `before` times (in as many earlier images): its contribution grows from `before * len`
+    /// to `(before + 1) * len`.
+    fn count_new(&mut self, len: u64, before: u32) {
         self.entries += 1;
         self.unique_bytes += len;
-        if self.sample > 1 {
-            *self.contrib.entry(id).or_default() += len as f64;
-        }
+        let len = len as f64;
+        self.contrib_sq += len * len * (2 * before + 1) as f64;
     }
 
     /// Extra CPU all chunks would have cost beyond the sampled ones (index work only; the
@@ -746,7 +746,7 @@ impl ExactScope {
         ExactScope {
             sample: self.sample,
             unique_bytes: self.unique_bytes,
-            contrib: self.contrib.clone(),
+            contrib_sq: self.contrib_sq,
             chunks: self.chunks,
             entries: self.entries,
             peak_entries: self.peak_entries,
@@ -896,7 +896,7 @@ struct SizeState {
     /// both scopes whether a chunk is new to them.
     index: IdSet,
     /// The image being added.
-    image: u64,
+    image: u32,
     /// Sampled chunks added so far, to time one in [`TIMED_EVERY`].
     sampled: u64,
     cpu: f64,
@@ -967,10 +967,10 @@ impl SizeState {
             )
         });
         let t0 = clock();
-        let (new_ever, new_here) = self.index.insert_in(id, self.image);
+        let added = self.index.insert_in(id, self.image);
         let t1 = clock();
-        if new_here {
-            self.local.count_new(id, len);
+        if added.new_here {
+            self.local.count_new(len, added.images_before);
             emit(&mut self.local);
         }
         let t2 = clock();
@@ -978,8 +978,8 @@ impl SizeState {
             self.local.charge_index(t2 - t0, local);
         }
         if let Some(g) = self.global.as_mut() {
-            if new_ever {
-                g.count_new(id, len);
+            if added.new_ever {
+                g.count_new(len, 0);
                 emit(g);
             }
             if let Some((_, global)) = compressed_before {
@@ -990,7 +990,7 @@ impl SizeState {
 
     /// Starts image `image`: the global scope forks from the local one after the first image
     /// (if `several_images`), and the local scope starts empty.
-    fn next_image(&mut self, image: u64, several_images: bool) {
+    fn next_image(&mut self, image: u32, several_images: bool) {
         if several_images && self.global.is_none() {
             self.global = Some(self.local.fork());
         }
@@ -1162,7 +1162,7 @@ fn scope_result(
     let z_bytes = z_sampled * s;
     let z_cpu = z_cpu_sampled * s as f64;
     // Horvitz-Thompson variance of the unique-bytes estimate: Σ x² (1-p)/p² over samples.
-    let contrib_sq: f64 = scope.contrib.values().map(|c| c * c).sum();
+    let contrib_sq = scope.contrib_sq;
     let sampling_se = (contrib_sq * (s * (s - 1)) as f64).sqrt();
     let sampling_rel = sampling_se / unique.max(1) as f64;
     let rel = (z_rel.powi(2) + sampling_rel.powi(2)).sqrt();
@@ -1218,7 +1218,8 @@ impl Runner for ExactRunner {
     fn feed(&mut self, batch: &Arc<Batch>) {
         if self.image.is_some_and(|i| i != batch.image) {
             for size in &mut self.sizes {
-                size.next_image(batch.image as u64, self.opts.several_images);
+                // Images are the command's PATHs: far fewer than 2^32.
+                size.next_image(batch.image as u32, self.opts.several_images);
             }
         }
         self.image = Some(batch.image);
@@ -2003,6 +2004,17 @@ mod tests {
             let unique = (items[0].len() + items[1].len()) as u64;
             assert_eq!(m[0].output_bytes, unique + 3 * REF_BYTES);
         }
+    }
+
+    #[test]
+    fn a_sampled_chunk_new_in_several_images_adds_the_square_of_all_it_contributed() {
+        let mut scope = ExactScope::new(1, Compression::Zstd(3), 4, &Memo::default());
+        for before in 0..3 {
+            scope.count_new(100, before);
+        }
+        scope.count_new(50, 0);
+        assert_eq!(scope.unique_bytes, 350);
+        assert_eq!(scope.contrib_sq, 300f64.powi(2) + 50f64.powi(2));
     }
 
     #[test]
