@@ -18,6 +18,7 @@ mod huge;
 mod id_set;
 pub mod input;
 mod memo;
+pub mod memory;
 pub mod methods;
 mod multi_cut;
 mod parallel;
@@ -75,8 +76,12 @@ pub struct Options {
     /// one input batch in this many and extrapolate (1: compress everything; `None`:
     /// [`auto_compress_every`]).
     pub compress_every: Option<u64>,
-    /// Exact dedup indexes one chunk in this many, chosen by content (1: every chunk).
-    pub chunk_sample: u64,
+    /// Exact dedup indexes one chunk in this many, chosen by content (1: every chunk; `None`:
+    /// as few as keep its indexes within `memory_bytes`, see [`memory`]).
+    pub chunk_sample: Option<u64>,
+    /// The memory the analysis may take, for the automatic chunk sample (`None`:
+    /// [`memory::default_budget`], half of this machine's).
+    pub memory_bytes: Option<u64>,
     /// Bytes of recent data the similarity method may use as delta sources.
     pub window_bytes: u64,
 }
@@ -88,7 +93,8 @@ impl Default for Options {
             on_top: Compression::Zstd(3),
             link_bits_per_s: 100e6,
             compress_every: None,
-            chunk_sample: 1,
+            chunk_sample: None,
+            memory_bytes: None,
             window_bytes: 1 << 30,
         }
     }
@@ -150,7 +156,7 @@ pub fn analyze(
         None => "all",
     };
     let specs = parse_methods(methods, documents)?;
-    let chunk_sample = opts.chunk_sample.clamp(1, 1 << 20);
+    let (chunk_sample, memory_warnings) = chunk_sample(opts, &specs, &images)?;
     let compress_every = compress_every(opts, disk_total);
     let ropts = methods::RunnerOptions {
         on_top: opts.on_top,
@@ -228,7 +234,52 @@ pub fn analyze(
         started.elapsed().as_secs_f64(),
     );
     report.warnings = report::warnings(&changed, report.input_bytes, report.items);
+    report.warnings.extend(memory_warnings);
     Ok(report)
+}
+
+/// The chunk sample of a run over `images`: the caller's, or the smallest that keeps exact
+/// dedup's indexes within the memory budget (see [`memory`]), with warnings for the user when
+/// memory decided it.
+fn chunk_sample(
+    opts: &Options,
+    specs: &[methods::MethodSpec],
+    images: &[input::Image],
+) -> Result<(u64, Vec<String>), AnalyzeError> {
+    let mut said = Vec::new();
+    if let Some(n) = opts.chunk_sample {
+        return Ok((n.clamp(1, 1 << 20), said));
+    }
+    let budget = opts.memory_bytes.unwrap_or_else(memory::default_budget);
+    let whose = match opts.memory_bytes {
+        Some(_) => "--memory",
+        None => "half of this machine's; --memory sets it",
+    };
+    let entries = memory::index_entries_bound(specs, images);
+    let (n, room) = match memory::index_room(opts.window_bytes, budget) {
+        Some(room) => (memory::chunk_sample_within(entries, room), room),
+        None if opts.memory_bytes.is_some() => {
+            return Err(memory::no_room(opts.window_bytes, budget))
+        }
+        None => {
+            said.push(format!(
+                "this machine has little memory for the analysis ({} MiB, {whose}): the similarity window alone takes {} MiB; if the analysis runs out of memory, give a smaller --window",
+                budget >> 20,
+                opts.window_bytes >> 20
+            ));
+            let room = budget / 4;
+            (memory::chunk_sample_within(entries, room), room)
+        }
+    };
+    if n > 1 {
+        said.push(format!(
+            "exact dedup's indexes could take up to {} MiB on this input (if no chunk repeated), more than the {} MiB the memory budget ({} MiB, {whose}) leaves them beside the similarity window and buffers, so exact dedup indexed 1 chunk in {n} and states the error; --sample-chunks 1 indexes every chunk",
+            entries.saturating_mul(memory::PEAK_BYTES_PER_ENTRY) >> 20,
+            room >> 20,
+            budget >> 20
+        ));
+    }
+    Ok((n, said))
 }
 
 /// Batches (4 MiB), compression outputs and encoder frames are allocated and freed thousands
@@ -326,7 +377,7 @@ mod tests {
     fn chunk_sampling_keeps_the_compressed_batches_of_the_whole_input() {
         let disk = 3_331_731_456;
         let opts = |chunk_sample| Options {
-            chunk_sample,
+            chunk_sample: Some(chunk_sample),
             ..Options::default()
         };
         assert_eq!(compress_every(&opts(1), disk), 50);

@@ -39,9 +39,15 @@ pub struct Args {
     sample: Option<u64>,
     /// Exact dedup indexes 1 chunk in N, chosen by content, and scales up, stating the error
     /// (for inputs too large to analyze in full; +zstd lines then become upper bounds; whole
-    /// files are never sampled, whole documents are).
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    sample_chunks: u64,
+    /// files are never sampled, whole documents are) [default: 1, or as few as keep exact
+    /// dedup's indexes within --memory even if no chunk repeated].
+    #[arg(long, value_name = "N")]
+    sample_chunks: Option<u64>,
+    /// Memory the analysis may take (e.g. 4GiB): past it, exact dedup samples its chunks
+    /// rather than be killed hours in [default: half of this machine's, or of the container's
+    /// limit].
+    #[arg(long, value_name = "SIZE")]
+    memory: Option<String>,
     /// Recent data the similarity method may use as delta sources (e.g. 512MiB, 2GiB).
     #[arg(long, default_value = "1GiB")]
     window: String,
@@ -65,9 +71,14 @@ pub fn run(args: Args) -> Result<()> {
     if window == 0 {
         bail!("--window must be more than 0: it is the recent data similarity may use as delta sources");
     }
-    if args.sample_chunks == 0 {
+    if args.sample_chunks == Some(0) {
         bail!("--sample-chunks must be at least 1");
     }
+    let memory = match args.memory.as_deref().map(|m| (m, parse_size(m))) {
+        None => None,
+        Some((_, Some(bytes))) if bytes > 0 => Some(bytes as u64),
+        Some((m, _)) => bail!("--memory {m:?}: use a size like 4GiB or 512MiB"),
+    };
     if args.sample == Some(0) {
         bail!("--sample must be at least 1");
     }
@@ -77,6 +88,7 @@ pub fn run(args: Args) -> Result<()> {
         link_bits_per_s: link,
         compress_every: args.sample,
         chunk_sample: args.sample_chunks,
+        memory_bytes: memory,
         window_bytes: window as u64,
     };
     let bar = if args.quiet || !std::io::stderr().is_terminal() {

@@ -124,7 +124,7 @@ fn an_empty_input_is_a_report_with_a_warning() {
 #[test]
 fn bad_input_gets_a_clear_error() {
     let tmp = tempdir();
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 9] = [
         (
             &["analyze", "/no/such/path"],
             "/no/such/path: No such file or directory",
@@ -144,6 +144,11 @@ fn bad_input_gets_a_clear_error() {
             "--window must be more than 0",
         ),
         (&["analyze", "--window", "lots", "."], "--window \"lots\""),
+        (&["analyze", "--memory", "lots", "."], "--memory \"lots\""),
+        (
+            &["analyze", "--memory", "600MiB", "."],
+            "leaves nothing for exact dedup's indexes",
+        ),
     ];
     for (args, want) in cases {
         let out = dedupwire().current_dir(&tmp).args(args).output().unwrap();
@@ -217,6 +222,62 @@ fn chunk_sampling_estimates_within_its_stated_error() {
             "{scope}: exact {eb}, sampled {sb} ± {rel}"
         );
     }
+}
+
+#[test]
+fn a_memory_budget_too_small_for_every_chunk_samples_them_and_says_so() {
+    let tmp = tempdir();
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let noise: Vec<u8> = (0..8 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(tmp.join("noise.bin"), &noise).unwrap();
+    // A 1 MiB window and 640 MiB of buffers leave the indexes 1.75 MiB: 8 MB of unique
+    // chunks at every size would take about 2 MB.
+    let run = |extra: &[&str]| {
+        let json = tmp.join("m.json");
+        let out = dedupwire()
+            .args(["analyze", "-q", "--window", "1MiB", "--memory", "643MiB"])
+            .args(extra)
+            .arg("--json")
+            .arg(&json)
+            .arg(tmp.join("noise.bin"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{err}");
+        let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        let cdc = r["methods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == "exact-cdc-1KiB")
+            .unwrap()["rel_error"]
+            .as_f64()
+            .unwrap();
+        (err, r, cdc)
+    };
+    let (err, r, rel) = run(&[]);
+    assert!(err.contains("indexed 1 chunk in 2"), "{err}");
+    assert!(r["warnings"][0]
+        .as_str()
+        .unwrap()
+        .contains("--sample-chunks 1"));
+    assert!(r["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|n| n.as_str().unwrap().contains("indexed 1 chunk in 2")));
+    assert!(rel > 0.0, "sampled lines state their error");
+    let (err, r, rel) = run(&["--sample-chunks", "1"]);
+    assert!(!err.contains("chunk in"), "{err}");
+    assert_eq!(r.get("warnings"), None, "{r}");
+    assert_eq!(rel, 0.0, "asked for every chunk");
 }
 
 #[test]
