@@ -73,7 +73,8 @@ fn cgroup_limit() -> Option<u64> {
 }
 
 /// Bytes the items of `image` hold once read: its size on disk, or for a compressed document
-/// stream the size its first frame states (else [`ZST_EXPANSION`] times its size on disk).
+/// stream (the one kind read decompressed) the size its first frame states, else
+/// [`ZST_EXPANSION`] times its size on disk.
 fn item_bytes(image: &Image) -> u64 {
     let zst = |p: &Path| p.extension().is_some_and(|e| e == "zst");
     image
@@ -81,7 +82,7 @@ fn item_bytes(image: &Image) -> u64 {
         .iter()
         .zip(&image.sizes)
         .map(|(path, &size)| {
-            if zst(path) {
+            if image.kind == ItemKind::Document && zst(path) {
                 frame_content_size(path).unwrap_or(size.saturating_mul(ZST_EXPANSION))
             } else {
                 size
@@ -181,6 +182,35 @@ mod tests {
         let want = (2u64 << 30) as f64 * per_byte + 10.0;
         let got = index_entries_bound(&quick(), &images) as f64;
         assert!((got - want).abs() <= 10.0, "{got} vs {want}");
+    }
+
+    #[test]
+    fn compressed_document_streams_count_what_they_expand_to_and_files_what_they_hold() {
+        let dir = std::env::temp_dir().join(format!("dedupwire-memory-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let lines = "{\"op\":\"insert\"}\n".repeat(10_000);
+        let zst = dir.join("docs.jsonl.zst");
+        let of = |kind, frame: Vec<u8>| {
+            std::fs::write(&zst, &frame).unwrap();
+            let disk = frame.len() as u64;
+            let bytes = item_bytes(&Image {
+                path: zst.clone(),
+                files: vec![zst.clone()],
+                disk_bytes: disk,
+                sizes: vec![disk],
+                kind,
+            });
+            (bytes, disk)
+        };
+        let sized = zstd::bulk::compress(lines.as_bytes(), 3).unwrap();
+        assert_eq!(of(ItemKind::Document, sized.clone()).0, lines.len() as u64);
+        let (bytes, disk) = of(ItemKind::File, sized);
+        assert_eq!(bytes, disk, "a file in a tree is read as it is");
+        // A streamed frame does not state its size.
+        let streamed = zstd::encode_all(lines.as_bytes(), 3).unwrap();
+        let (bytes, disk) = of(ItemKind::Document, streamed);
+        assert_eq!(bytes, disk * ZST_EXPANSION);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
