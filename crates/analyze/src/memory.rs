@@ -2,9 +2,10 @@
 //!
 //! Exact dedup's indexes grow with the unique chunks seen: on data with no duplicates, about
 //! 140 MB per GB of input at the five chunk sizes of the quick sweep. A terabyte would need
-//! 140 GB and be killed by the kernel hours in, with nothing to show. So before reading, the analysis bounds its indexes'
-//! memory as if no chunk repeated and, when that bound does not fit the budget, indexes one
-//! chunk in N (the `--sample-chunks` sampling, chosen by content) with N just large enough.
+//! 140 GB and be killed by the kernel hours in, with nothing to show. So before reading, the
+//! analysis bounds its indexes' memory as if no chunk repeated and, when that bound does not
+//! fit the budget, indexes one chunk in N (the `--sample-chunks` sampling, chosen by content)
+//! with N just large enough.
 //! The similarity window and the buffers take the rest of the budget, whatever the input.
 
 use std::path::Path;
@@ -26,8 +27,8 @@ pub const PEAK_BYTES_PER_ENTRY: u64 = 64;
 /// [`index_entries_bound`] at [`PEAK_BYTES_PER_ENTRY`].)
 pub const FIXED_BYTES: u64 = 640 << 20;
 
-/// Bytes per entry the window's units take beyond their own: slabs left part full and the
-/// candidate index, as a fraction of the window (a quarter).
+/// The window's memory beyond its units' bytes (slabs left part full, the candidate index),
+/// as the window's size divided by this: a quarter.
 const WINDOW_OVERHEAD_DIV: u64 = 4;
 
 /// Indexed documents are assumed at least this long, for the bound on whole documents.
@@ -106,13 +107,15 @@ fn frame_content_size(path: &Path) -> Option<u64> {
 /// chunk unique. Each size has one table for both scopes; whole files count one entry each,
 /// and whole documents one per [`MIN_DOCUMENT_BYTES`].
 pub fn index_entries_bound(specs: &[MethodSpec], images: &[Image]) -> u64 {
-    let files: u64 = images.iter().map(|i| i.files.len() as u64).sum();
-    let bytes: u64 = images.iter().map(item_bytes).sum();
-    let doc_bytes: u64 = images
-        .iter()
-        .filter(|i| i.kind == ItemKind::Document)
-        .map(item_bytes)
-        .sum();
+    let (mut files, mut bytes, mut doc_bytes) = (0, 0, 0);
+    for image in images {
+        let b = item_bytes(image);
+        files += image.files.len() as u64;
+        bytes += b;
+        if image.kind == ItemKind::Document {
+            doc_bytes += b;
+        }
+    }
     specs
         .iter()
         .map(|s| match s {

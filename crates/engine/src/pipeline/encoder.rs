@@ -235,11 +235,6 @@ impl UnitPrep {
             out.offs.push(out.feats.len() as u32);
         }
     }
-
-    /// How units are compared for similarity.
-    pub fn similarity(&self) -> Similarity {
-        self.similarity
-    }
 }
 
 /// What [`UnitPrep::prepare`] computed for a run of consecutive units.
