@@ -124,7 +124,7 @@ fn an_empty_input_is_a_report_with_a_warning() {
 #[test]
 fn bad_input_gets_a_clear_error() {
     let tmp = tempdir();
-    let cases: [(&[&str], &str); 9] = [
+    let cases: [(&[&str], &str); 10] = [
         (
             &["analyze", "/no/such/path"],
             "/no/such/path: No such file or directory",
@@ -145,6 +145,7 @@ fn bad_input_gets_a_clear_error() {
         ),
         (&["analyze", "--window", "lots", "."], "--window \"lots\""),
         (&["analyze", "--memory", "lots", "."], "--memory \"lots\""),
+        (&["analyze", "--memory", "0", "."], "--memory \"0\""),
         (
             &["analyze", "--memory", "600MiB", "."],
             "leaves nothing for exact dedup's indexes",
