@@ -352,7 +352,8 @@ fn read_documents(
     let path = &image.files[0];
     let file = File::open(path).map_err(|e| AnalyzeError::io(path, e))?;
     let reader: Box<dyn Read> = if path.extension().is_some_and(|e| e == "zst") {
-        Box::new(zstd::Decoder::new(file).map_err(|e| AnalyzeError::io(path, e))?)
+        let decoder = zstd::Decoder::new(file).map_err(|e| AnalyzeError::io(path, e))?;
+        Box::new(Explained(decoder))
     } else {
         Box::new(file)
     };
@@ -388,6 +389,33 @@ fn read_documents(
         send(batch);
     }
     Ok(())
+}
+
+/// A zstd stream whose errors say what is wrong with the file: zstd's own messages
+/// ("Unknown frame descriptor", "incomplete frame") name no cause a user can act on.
+struct Explained<R>(R);
+
+impl<R: Read> Read for Explained<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.0.read(buf).map_err(explain_zstd)
+    }
+}
+
+/// `e`, from decoding a `.zst` file, with what it means; errors of the file's own reads
+/// (they carry an OS error code) are left as they are.
+fn explain_zstd(e: std::io::Error) -> std::io::Error {
+    use std::io::ErrorKind;
+    if e.raw_os_error().is_some() || e.kind() == ErrorKind::Interrupted {
+        return e;
+    }
+    let what = if e.kind() == ErrorKind::UnexpectedEof {
+        "the zstd stream ends in the middle of a frame: the file is truncated, or still being written"
+    } else if e.to_string().contains("Unknown frame descriptor") {
+        "the file is not zstd-compressed, though its name ends in .zst"
+    } else {
+        "the file is damaged: its zstd stream does not decode"
+    };
+    std::io::Error::new(e.kind(), format!("{what} ({e})"))
 }
 
 /// Splits `items` into batches of `batch` bytes (the last one shorter), splitting items across

@@ -160,6 +160,72 @@ fn bad_input_gets_a_clear_error() {
     }
 }
 
+#[test]
+fn a_damaged_document_stream_is_named_with_its_cause_and_writes_no_report() {
+    let tmp = tempdir();
+    let mut lines = String::new();
+    for i in 0..20_000 {
+        lines.push_str(&format!(
+            "{{\"_id\":{i},\"body\":\"{}\"}}\n",
+            "x".repeat(i % 300)
+        ));
+    }
+    // With a checksum, as the `zstd` tool writes by default: a flipped byte is then caught
+    // even where it still decodes.
+    let mut encoder = zstd::Encoder::new(Vec::new(), 3).unwrap();
+    encoder.include_checksum(true).unwrap();
+    std::io::Write::write_all(&mut encoder, lines.as_bytes()).unwrap();
+    let good = encoder.finish().unwrap();
+    let mut corrupt = good.clone();
+    let mid = corrupt.len() / 2;
+    corrupt[mid] ^= 0xff;
+    let cases: [(&str, Vec<u8>, &str); 3] = [
+        (
+            "truncated",
+            good[..good.len() / 2].to_vec(),
+            "the file is truncated",
+        ),
+        ("corrupt", corrupt, "is damaged"),
+        (
+            "plain",
+            lines.clone().into_bytes(),
+            "is not zstd-compressed",
+        ),
+    ];
+    for (name, bytes, want) in cases {
+        let path = tmp.join(format!("{name}.jsonl.zst"));
+        std::fs::write(&path, bytes).unwrap();
+        let json = tmp.join(format!("{name}.json"));
+        let out = dedupwire()
+            .args(["analyze", "-q", "--json"])
+            .arg(&json)
+            .arg(&path)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name}: {err}");
+        assert!(
+            err.contains(&format!("{name}.jsonl.zst: ")),
+            "{name}: {err}"
+        );
+        assert!(err.contains(want), "{name}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(!json.exists(), "{name}: a report was written");
+    }
+    let path = tmp.join("good.jsonl.zst");
+    std::fs::write(&path, good).unwrap();
+    let out = dedupwire()
+        .args(["analyze", "-q", "--methods", "zstd"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn tempdir() -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!(
         "dedupwire-cli-{}-{:?}",
