@@ -41,6 +41,8 @@ pub struct Image {
     pub sizes: Vec<u64>,
     /// Items' kind.
     pub kind: ItemKind,
+    /// Directories of the tree whose entries could not be read.
+    pub unlisted: Vec<Changed>,
 }
 
 /// A contiguous part of an item inside a batch's buffer.
@@ -57,16 +59,30 @@ pub struct Piece {
     pub size_unique: bool,
 }
 
-/// A file whose length when read differed from its length when listed, or that was gone
-/// by then: it changed while the analysis ran, which then covers the bytes it read.
+/// A file of a tree the analysis could not take as listed: it changed while the analysis
+/// ran (which then covers the bytes it read), or it could not be read or listed at all (which
+/// the analysis leaves out). Each gets a warning.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Changed {
-    /// The file.
+    /// The file (or directory).
     pub path: PathBuf,
-    /// Its length when the input was listed.
+    /// Its length when the input was listed (0 for a directory).
     pub listed: u64,
-    /// The bytes read from it; `None` if it was removed before it could be opened.
-    pub read: Option<u64>,
+    /// What happened to it.
+    pub what: Change,
+}
+
+/// What happened to a [`Changed`] file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Read, with this many bytes: it grew or shrank since it was listed.
+    Read(u64),
+    /// Removed before it could be opened.
+    Removed,
+    /// Opening it was refused (the error says why): the user may not read it.
+    Unreadable(String),
+    /// A directory whose entries could not be read (the error says why).
+    Unlisted(String),
 }
 
 /// A batch of item pieces from one image.
@@ -160,8 +176,9 @@ pub fn scan(paths: &[PathBuf]) -> Result<Vec<Image>, AnalyzeError> {
         let meta = std::fs::metadata(path).map_err(|e| AnalyzeError::io(path, e))?;
         let mut files = Vec::new();
         let mut sizes = Vec::new();
+        let mut unlisted = Vec::new();
         if meta.is_dir() {
-            (files, sizes) = list_files(path)?;
+            (files, sizes, unlisted) = list_files(path)?;
         } else {
             sizes.push(meta.len());
             files.push(path.clone());
@@ -177,6 +194,7 @@ pub fn scan(paths: &[PathBuf]) -> Result<Vec<Image>, AnalyzeError> {
             disk_bytes: sizes.iter().sum(),
             sizes,
             kind,
+            unlisted,
         });
     }
     Ok(images)
@@ -189,8 +207,9 @@ const LIST_THREADS: usize = 8;
 
 /// The regular files under `dir` (symbolic links not followed), each directory's entries in
 /// name order and its subdirectories' files in place, with their sizes; directories are read
-/// by [`LIST_THREADS`] threads.
-fn list_files(dir: &Path) -> Result<(Vec<PathBuf>, Vec<u64>), AnalyzeError> {
+/// by [`LIST_THREADS`] threads. Directories below `dir` the user may not read are left out
+/// and returned, as `du` and `tar` go on past them.
+fn list_files(dir: &Path) -> Result<Listed, AnalyzeError> {
     let walk = jwalk::WalkDirGeneric::<((), u64)>::new(dir)
         .sort(true)
         .skip_hidden(false)
@@ -203,19 +222,44 @@ fn list_files(dir: &Path) -> Result<(Vec<PathBuf>, Vec<u64>), AnalyzeError> {
                 }
             }
         });
-    let (mut files, mut sizes) = (Vec::new(), Vec::new());
+    let (mut files, mut sizes, mut unlisted) = (Vec::new(), Vec::new(), Vec::new());
     for entry in walk {
         let entry = entry.map_err(|e| {
             let p = e.path().unwrap_or(dir).to_path_buf();
             AnalyzeError::io(&p, e.into())
         })?;
+        if let Some(e) = &entry.read_children_error {
+            // jwalk goes on past a directory it could not read, and says so only here.
+            let refused = e
+                .io_error()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied);
+            let why = e
+                .io_error()
+                .map_or_else(|| e.to_string(), |io| io.to_string());
+            if !refused || entry.depth == 0 {
+                let io = std::io::Error::new(
+                    e.io_error()
+                        .map_or(std::io::ErrorKind::Other, |io| io.kind()),
+                    why,
+                );
+                return Err(AnalyzeError::io(&entry.path(), io));
+            }
+            unlisted.push(Changed {
+                path: entry.path(),
+                listed: 0,
+                what: Change::Unlisted(why),
+            });
+        }
         if entry.file_type.is_file() {
             sizes.push(entry.client_state);
             files.push(entry.path());
         }
     }
-    Ok((files, sizes))
+    Ok((files, sizes, unlisted))
 }
+
+/// A tree's files, their sizes, and the directories that could not be listed.
+type Listed = (Vec<PathBuf>, Vec<u64>, Vec<Changed>);
 
 /// Starts a reader thread that sends the images' batches in order; an error ends the stream.
 pub fn read_batches(images: Vec<Image>) -> Receiver<Result<Batch, AnalyzeError>> {
@@ -280,6 +324,8 @@ fn read_files(
     send: &mut dyn FnMut(Batch) -> bool,
 ) -> Result<(), AnalyzeError> {
     let mut batch = new_batch(index, ItemKind::File);
+    batch.changed.extend(image.unlisted.iter().cloned());
+    let in_tree = image.files.first() != Some(&image.path);
     for (k, (path, size)) in image.files.iter().zip(&image.sizes).enumerate() {
         let size_unique = same_size.get(size) == Some(&1);
         let mut file = match prefetch.take(first + k) {
@@ -291,7 +337,18 @@ fn read_files(
                     batch.changed.push(Changed {
                         path: path.clone(),
                         listed: *size,
-                        read: None,
+                        what: Change::Removed,
+                    });
+                    continue;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied && in_tree => {
+                    // One file of a tree the user may not read (`/etc/shadow` in `/etc`) is
+                    // left out, as `du` and `tar` do, rather than failing the whole run; a
+                    // PATH given by name is not.
+                    batch.changed.push(Changed {
+                        path: path.clone(),
+                        listed: *size,
+                        what: Change::Unreadable(e.to_string()),
                     });
                     continue;
                 }
@@ -321,7 +378,7 @@ fn read_files(
                 batch.changed.push(Changed {
                     path: path.clone(),
                     listed: *size,
-                    read: Some(read),
+                    what: Change::Read(read),
                 });
             }
             if batch.data.len() >= BATCH_BYTES {
@@ -487,16 +544,16 @@ mod tests {
         std::fs::remove_dir_all(&root).unwrap();
         changed.sort_by(|a, b| a.path.cmp(&b.path));
         let want = [
-            ("gone", 10, None),
-            ("grows", 5 << 20, Some((5 << 20) + 7)),
-            ("shrinks", 9 << 20, Some(3)),
+            ("gone", 10, Change::Removed),
+            ("grows", 5 << 20, Change::Read((5 << 20) + 7)),
+            ("shrinks", 9 << 20, Change::Read(3)),
         ];
         let want: Vec<Changed> = want
             .iter()
-            .map(|&(name, listed, read)| Changed {
+            .map(|(name, listed, what)| Changed {
                 path: root.join(name),
-                listed,
-                read,
+                listed: *listed,
+                what: what.clone(),
             })
             .collect();
         assert_eq!(changed, want);
@@ -551,7 +608,8 @@ mod tests {
         }
         std::os::unix::fs::symlink(root.join("z"), root.join("link")).unwrap();
         std::os::unix::fs::symlink(root.join("b"), root.join("linked-dir")).unwrap();
-        let (files, sizes) = list_files(&root).unwrap();
+        let (files, sizes, unlisted) = list_files(&root).unwrap();
+        assert!(unlisted.is_empty());
         let names: Vec<String> = files
             .iter()
             .map(|f| f.strip_prefix(&root).unwrap().display().to_string())
@@ -633,7 +691,7 @@ mod tests {
         let gone = Changed {
             path: root.join("f30"),
             listed: 10_000,
-            read: None,
+            what: Change::Removed,
         };
         assert_eq!(changed, [gone]);
         assert_eq!(items, 39);

@@ -168,6 +168,7 @@ mod tests {
             disk_bytes: bytes,
             sizes: vec![bytes / files as u64; files],
             kind: ItemKind::File,
+            unlisted: Vec::new(),
         }
     }
 
@@ -202,6 +203,7 @@ mod tests {
                 disk_bytes: disk,
                 sizes: vec![disk],
                 kind,
+                unlisted: Vec::new(),
             });
             (bytes, disk)
         };

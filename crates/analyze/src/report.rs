@@ -168,18 +168,22 @@ pub(crate) fn warnings(
     warnings
 }
 
-/// The warning for a file that changed while it was read.
+/// The warning for a file that changed while it was read, or could not be read.
 fn changed_warning(c: &crate::input::Changed) -> String {
-    match c.read {
-        Some(read) => format!(
-            "{} changed while it was read ({} bytes when listed, {read} read): the report covers the bytes read",
-            c.path.display(),
-            c.listed,
+    use crate::input::Change;
+    let (path, listed) = (c.path.display(), c.listed);
+    match &c.what {
+        Change::Read(read) => format!(
+            "{path} changed while it was read ({listed} bytes when listed, {read} read): the report covers the bytes read"
         ),
-        None => format!(
-            "{} was removed before it was read ({} bytes when listed): the report leaves it out",
-            c.path.display(),
-            c.listed,
+        Change::Removed => format!(
+            "{path} was removed before it was read ({listed} bytes when listed): the report leaves it out"
+        ),
+        Change::Unreadable(why) => format!(
+            "{path} could not be read ({why}): the report leaves out its {listed} bytes"
+        ),
+        Change::Unlisted(why) => format!(
+            "{path} could not be listed ({why}): the report leaves out what it holds"
         ),
     }
 }
@@ -320,19 +324,36 @@ mod tests {
         let changed = crate::input::Changed {
             path: "/data/live.log".into(),
             listed: 100,
-            read: Some(160),
+            what: crate::input::Change::Read(160),
         };
         assert_eq!(
             changed_warning(&changed),
             "/data/live.log changed while it was read (100 bytes when listed, 160 read): the report covers the bytes read"
         );
         let gone = crate::input::Changed {
-            read: None,
-            ..changed
+            what: crate::input::Change::Removed,
+            ..changed.clone()
         };
         assert_eq!(
             changed_warning(&gone),
             "/data/live.log was removed before it was read (100 bytes when listed): the report leaves it out"
+        );
+        let refused = crate::input::Changed {
+            what: crate::input::Change::Unreadable("Permission denied (os error 13)".into()),
+            ..changed.clone()
+        };
+        assert_eq!(
+            changed_warning(&refused),
+            "/data/live.log could not be read (Permission denied (os error 13)): the report leaves out its 100 bytes"
+        );
+        let closed = crate::input::Changed {
+            path: "/data/private".into(),
+            listed: 0,
+            what: crate::input::Change::Unlisted("Permission denied (os error 13)".into()),
+        };
+        assert_eq!(
+            changed_warning(&closed),
+            "/data/private could not be listed (Permission denied (os error 13)): the report leaves out what it holds"
         );
         assert_eq!(warnings(&[gone], 5, 1).len(), 1);
         assert_eq!(

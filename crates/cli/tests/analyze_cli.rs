@@ -226,6 +226,78 @@ fn a_damaged_document_stream_is_named_with_its_cause_and_writes_no_report() {
     );
 }
 
+/// `dedupwire` run as a user without root's right to read everything: as `nobody` when the
+/// tests run as root (as CI does), else as the user running them.
+fn dedupwire_unprivileged() -> Command {
+    let uid = Command::new("id").arg("-u").output().unwrap().stdout;
+    if String::from_utf8_lossy(&uid).trim() == "0" {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_dedupwire"));
+        c
+    } else {
+        dedupwire()
+    }
+}
+
+#[test]
+fn files_and_directories_the_user_may_not_read_are_left_out_with_a_warning() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempdir();
+    let tree = tmp.join("tree");
+    write_tree(&tree, 1);
+    // Readable by the user the test runs as, whatever the umask.
+    for dir in [&tmp, &tree, &tree.join("src")] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    for f in ["src/lib.rs", "README", "blob.bin"] {
+        std::fs::set_permissions(tree.join(f), std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    std::fs::write(tree.join("secret"), b"root only").unwrap();
+    std::fs::set_permissions(tree.join("secret"), std::fs::Permissions::from_mode(0o000)).unwrap();
+    std::fs::create_dir_all(tree.join("closed")).unwrap();
+    std::fs::write(tree.join("closed/inside"), b"unseen").unwrap();
+    std::fs::set_permissions(tree.join("closed"), std::fs::Permissions::from_mode(0o000)).unwrap();
+    let out = tmp.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let json = out.join("r.json");
+    let run = dedupwire_unprivileged()
+        .args(["analyze", "-q", "--methods", "zstd,cdc-4KiB", "--json"])
+        .arg(&json)
+        .arg(&tree)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    let secret = format!("{} could not be read (", tree.join("secret").display());
+    let closed = format!("{} could not be listed (", tree.join("closed").display());
+    assert!(stderr.contains(&secret), "{stderr}");
+    assert!(stderr.contains(&closed), "{stderr}");
+    assert!(stderr.contains("Permission denied"), "{stderr}");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let warnings = r["warnings"].as_array().unwrap();
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    // The three readable files, every byte of them.
+    let readable: u64 = ["src/lib.rs", "README", "blob.bin"]
+        .iter()
+        .map(|f| std::fs::metadata(tree.join(f)).unwrap().len())
+        .sum();
+    assert_eq!(r["input_bytes"].as_u64(), Some(readable), "{r}");
+    assert_eq!(r["items"].as_u64(), Some(3), "{r}");
+
+    // A PATH named on the command line is what the user asked for: refusing it is an error.
+    let named = dedupwire_unprivileged()
+        .args(["analyze", "-q"])
+        .arg(tree.join("secret"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&named.stderr);
+    assert!(!named.status.success(), "{stderr}");
+    assert!(stderr.contains("secret: Permission denied"), "{stderr}");
+    std::fs::set_permissions(tree.join("closed"), std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
 fn tempdir() -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!(
         "dedupwire-cli-{}-{:?}",
