@@ -36,7 +36,7 @@ impl Source {
     /// Opens `path`, directly if it is large and mostly not in the page cache.
     pub fn open(path: &Path) -> io::Result<Source> {
         let file = File::open(path)?;
-        let len = file.metadata()?.len();
+        let len = stream_len(&file, &file.metadata()?);
         if len >= DIRECT_MIN && cached_fraction(&file, len) < 0.5 && set_direct(&file, true).is_ok()
         {
             return Ok(Source::Direct(Direct::new(file)));
@@ -57,6 +57,21 @@ impl Source {
             Source::Fetched(f) => Ok(f.read_up_to(want, out)),
         }
     }
+}
+
+/// The bytes `file` (with metadata `meta`) holds: its length, or for a block device (a disk
+/// or a VM's volume, whose metadata says 0) its size, found by seeking to its end. So a
+/// device gets the progress bar, sampling, memory bound and direct reads its size calls for.
+pub fn stream_len(file: &File, meta: &std::fs::Metadata) -> u64 {
+    if crate::input::is_block_device(meta) {
+        use std::io::{Seek, SeekFrom};
+        let mut f = file;
+        let len = f.seek(SeekFrom::End(0)).unwrap_or(0);
+        let _ = f.seek(SeekFrom::Start(0));
+        return len;
+    }
+    let _ = file;
+    meta.len()
 }
 
 /// `take` + `read_to_end` on a `File`: into `out`'s spare capacity, without zero-filling it.

@@ -180,7 +180,12 @@ pub fn scan(paths: &[PathBuf]) -> Result<Vec<Image>, AnalyzeError> {
         if meta.is_dir() {
             (files, sizes, unlisted) = list_files(path)?;
         } else {
-            sizes.push(meta.len());
+            // Only a block device is opened here: opening a FIFO would wait for its writer.
+            let len = match is_block_device(&meta) {
+                true => File::open(path).map_or(0, |f| crate::direct::stream_len(&f, &meta)),
+                false => meta.len(),
+            };
+            sizes.push(len);
             files.push(path.clone());
         }
         let kind = if files.len() == 1 && is_document_stream(&files[0]) {
@@ -198,6 +203,14 @@ pub fn scan(paths: &[PathBuf]) -> Result<Vec<Image>, AnalyzeError> {
         });
     }
     Ok(images)
+}
+
+/// Whether `meta` is a block device's (a disk, a VM's volume).
+pub(crate) fn is_block_device(meta: &std::fs::Metadata) -> bool {
+    #[cfg(unix)]
+    return std::os::unix::fs::FileTypeExt::is_block_device(&meta.file_type());
+    #[cfg(not(unix))]
+    false
 }
 
 /// Directories [`list_files`] reads at once: on a cold cache each directory and inode read
@@ -514,6 +527,63 @@ pub(crate) fn test_batches(items: &[Vec<u8>], batch: usize) -> Vec<Batch> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A loop device over a file, detached when dropped.
+    struct Loop(String);
+
+    impl Loop {
+        /// `file` as a block device, if this runs as root where loop devices exist (as CI does).
+        fn attach(file: &Path) -> Option<Loop> {
+            let out = std::process::Command::new("losetup")
+                .args(["-f", "--show"])
+                .arg(file)
+                .output()
+                .ok()?;
+            let dev = String::from_utf8(out.stdout).ok()?.trim().to_string();
+            (out.status.success() && !dev.is_empty()).then_some(Loop(dev))
+        }
+    }
+
+    impl Drop for Loop {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("losetup")
+                .args(["-d", &self.0])
+                .status();
+        }
+    }
+
+    #[test]
+    fn a_block_device_is_listed_and_read_with_its_size() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../target/input-tests")
+            .join(format!("device-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("disk.img");
+        // Large enough to be read around the page cache, and not a whole number of pages.
+        let len = crate::direct::DIRECT_MIN as usize + 5 * 512;
+        let bytes: Vec<u8> = (0..len as u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&file, &bytes).unwrap();
+        let Some(dev) = Loop::attach(&file) else {
+            std::fs::remove_dir_all(&dir).unwrap();
+            eprintln!("skipped: no loop device (needs root and losetup)");
+            return;
+        };
+        let source = crate::direct::Source::open(Path::new(&dev.0)).unwrap();
+        assert!(
+            matches!(source, crate::direct::Source::Direct(_)),
+            "a device is read as large as it is"
+        );
+        let images = scan(&[PathBuf::from(&dev.0)]).unwrap();
+        assert_eq!(images[0].sizes, [len as u64], "its metadata says 0");
+        assert_eq!(images[0].disk_bytes, len as u64);
+        let read: Vec<u8> = read_batches(images)
+            .into_iter()
+            .flat_map(|b| b.unwrap().data.to_vec())
+            .collect();
+        drop(dev);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(read == bytes, "read {} bytes of {len}", read.len());
+    }
 
     #[test]
     fn files_that_changed_or_went_since_listed_are_reported_with_the_bytes_read() {
