@@ -43,6 +43,8 @@ pub struct Image {
     pub kind: ItemKind,
     /// Directories of the tree whose entries could not be read.
     pub unlisted: Vec<Changed>,
+    /// Whether its size is known before it is read (not a pipe or a character device).
+    pub sized: bool,
 }
 
 /// A contiguous part of an item inside a batch's buffer.
@@ -200,6 +202,7 @@ pub fn scan(paths: &[PathBuf]) -> Result<Vec<Image>, AnalyzeError> {
             sizes,
             kind,
             unlisted,
+            sized: meta.is_dir() || meta.is_file() || is_block_device(&meta),
         });
     }
     Ok(images)

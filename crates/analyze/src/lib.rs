@@ -156,7 +156,15 @@ pub fn analyze(
         None => "all",
     };
     let specs = parse_methods(methods, documents)?;
-    let (chunk_sample, memory_warnings) = chunk_sample(opts, &specs, &images)?;
+    let (chunk_sample, mut memory_warnings) = chunk_sample(opts, &specs, &images)?;
+    if opts.chunk_sample.is_none() {
+        memory_warnings.extend(images.iter().filter(|i| !i.sized).map(|i| {
+            format!(
+                "the size of {} is not known before it is read (a pipe or a character device), so neither exact dedup's indexes (--memory) nor compression's sampling (--sample) are sized for it; for a stream of many GB, give --sample-chunks N and --sample N",
+                i.path.display()
+            )
+        }));
+    }
     let compress_every = compress_every(opts, disk_total);
     let ropts = methods::RunnerOptions {
         on_top: opts.on_top,

@@ -169,6 +169,7 @@ mod tests {
             sizes: vec![bytes / files as u64; files],
             kind: ItemKind::File,
             unlisted: Vec::new(),
+            sized: true,
         }
     }
 
@@ -204,6 +205,7 @@ mod tests {
                 sizes: vec![disk],
                 kind,
                 unlisted: Vec::new(),
+                sized: true,
             });
             (bytes, disk)
         };

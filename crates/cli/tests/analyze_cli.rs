@@ -298,6 +298,39 @@ fn files_and_directories_the_user_may_not_read_are_left_out_with_a_warning() {
     std::fs::set_permissions(tree.join("closed"), std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
+#[test]
+fn a_pipe_of_unknown_size_is_analyzed_and_the_user_told_what_is_not_sized_for_it() {
+    let tmp = tempdir();
+    let json = tmp.join("r.json");
+    let run = |extra: &[&str]| {
+        let mut child = dedupwire()
+            .args(["analyze", "-q", "--methods", "zstd,cdc-4KiB", "--json"])
+            .arg(&json)
+            .args(extra)
+            .arg("/dev/stdin")
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), &data).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        assert_eq!(r["input_bytes"], 3_000_000, "read to its end");
+        stderr
+    };
+    let warned = run(&[]);
+    assert!(
+        warned.contains("the size of /dev/stdin is not known before it is read"),
+        "{warned}"
+    );
+    let chosen = run(&["--sample-chunks", "1"]);
+    assert!(!chosen.contains("warning"), "{chosen}");
+}
+
 fn tempdir() -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!(
         "dedupwire-cli-{}-{:?}",
