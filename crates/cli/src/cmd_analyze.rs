@@ -82,6 +82,9 @@ pub fn run(args: Args) -> Result<()> {
     if args.sample == Some(0) {
         bail!("--sample must be at least 1");
     }
+    for path in args.json.iter().chain(&args.html) {
+        crate::out_file::check_writable(path)?;
+    }
     let opts = Options {
         methods: args.methods.clone(),
         on_top,

@@ -1,7 +1,7 @@
 //! Output files (reports, statistics) written whole or not at all.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
@@ -12,16 +12,48 @@ use anyhow::Context;
 /// the file it names; a device or a pipe (`/dev/stdout`) is written to directly.
 pub fn write_whole(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     let context = || format!("writing {}", path.display());
+    let Some((target, dir)) = target_of(path).with_context(context)? else {
+        return std::fs::write(path, bytes).with_context(context);
+    };
+    let mut tmp = temp_in(&dir).with_context(context)?;
+    // Through the file itself: `tempfile`'s own writes name the temporary path in their errors.
+    tmp.as_file_mut().write_all(bytes).with_context(context)?;
+    tmp.as_file().sync_data().with_context(context)?;
+    tmp.persist(&target)
+        .map_err(|e| e.error)
+        .with_context(context)?;
+    Ok(())
+}
+
+/// Checks, before any long work, that [`write_whole`] could write `path`: its directory
+/// exists and takes a new file. A run that would fail only at its end (a mistyped directory)
+/// then fails at once, having cost nothing.
+pub fn check_writable(path: &Path) -> anyhow::Result<()> {
+    let context = || format!("writing {}", path.display());
+    if let Some((_, dir)) = target_of(path).with_context(context)? {
+        drop(temp_in(&dir).with_context(context)?);
+    }
+    Ok(())
+}
+
+/// The file `path` names (through a symbolic link) and its directory, or `None` for a device
+/// or a pipe, which are written to directly.
+fn target_of(path: &Path) -> std::io::Result<Option<(PathBuf, PathBuf)>> {
     let target = match std::fs::metadata(path) {
-        Ok(meta) if !meta.is_file() => return std::fs::write(path, bytes).with_context(context),
-        Ok(_) => std::fs::canonicalize(path).with_context(context)?,
+        Ok(meta) if !meta.is_file() => return Ok(None),
+        Ok(_) => std::fs::canonicalize(path)?,
         Err(_) => path.to_path_buf(),
     };
-    let path = target.as_path();
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
+    let dir = match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
     };
+    Ok(Some((target, dir)))
+}
+
+/// A new temporary file in `dir`. Its errors name the cause, not the temporary file's
+/// made-up name (which `tempfile` appends, "at path …", and the user never asked for).
+fn temp_in(dir: &Path) -> std::io::Result<tempfile::NamedTempFile> {
     let mut builder = tempfile::Builder::new();
     builder.prefix(".dedupwire-").suffix(".tmp");
     #[cfg(unix)]
@@ -29,14 +61,13 @@ pub fn write_whole(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
         use std::os::unix::fs::PermissionsExt;
         builder.permissions(std::fs::Permissions::from_mode(0o666));
     }
-    let mut tmp = builder.tempfile_in(dir).with_context(context)?;
-    // Through the file itself: `tempfile`'s own writes name the temporary path in their errors.
-    tmp.as_file_mut().write_all(bytes).with_context(context)?;
-    tmp.as_file().sync_data().with_context(context)?;
-    tmp.persist(path)
-        .map_err(|e| e.error)
-        .with_context(context)?;
-    Ok(())
+    builder.tempfile_in(dir).map_err(|e| {
+        let message = e.to_string();
+        match message.find(" at path ") {
+            Some(at) => std::io::Error::new(e.kind(), &message[..at]),
+            None => e,
+        }
+    })
 }
 
 #[cfg(test)]
@@ -77,6 +108,27 @@ mod tests {
         // Checked first: a renamed-over pipe would leave the reader waiting forever.
         assert!(fifo.metadata().unwrap().file_type().is_fifo(), "replaced");
         assert_eq!(reader.join().unwrap(), b"streamed");
+    }
+
+    #[test]
+    fn a_missing_directory_is_found_before_any_work_and_named_plainly() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("no/such/dir/r.json");
+        for err in [check_writable(&path), write_whole(&path, b"x")] {
+            let message = format!("{:#}", err.unwrap_err());
+            assert!(message.starts_with("writing "), "{message}");
+            assert!(message.contains("No such file or directory"), "{message}");
+            assert!(
+                !message.contains(".dedupwire-"),
+                "names the temporary file: {message}"
+            );
+        }
+        check_writable(&dir.path().join("r.json")).unwrap();
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "a file is left"
+        );
     }
 
     #[test]

@@ -331,6 +331,45 @@ fn a_pipe_of_unknown_size_is_analyzed_and_the_user_told_what_is_not_sized_for_it
     assert!(!chosen.contains("warning"), "{chosen}");
 }
 
+#[test]
+fn a_report_that_could_not_be_written_fails_the_run_before_it_reads_anything() {
+    let tmp = tempdir();
+    // A FIFO nobody writes: reading it would wait forever, so only a check made before
+    // reading lets the run end.
+    let fifo = tmp.join("never-written");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let mut child = dedupwire()
+        .args(["analyze", "-q", "--json"])
+        .arg(tmp.join("no/such/dir/r.json"))
+        .arg(&fifo)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > std::time::Duration::from_secs(20) {
+            child.kill().unwrap();
+            panic!("the run went on to read its input");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("no/such/dir/r.json: No such file or directory"),
+        "{err}"
+    );
+    assert!(
+        !err.contains(".dedupwire-"),
+        "names the temporary file: {err}"
+    );
+}
+
 fn tempdir() -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!(
         "dedupwire-cli-{}-{:?}",
