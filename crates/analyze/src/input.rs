@@ -223,8 +223,8 @@ const LIST_THREADS: usize = 8;
 
 /// The regular files under `dir` (symbolic links not followed), each directory's entries in
 /// name order and its subdirectories' files in place, with their sizes; directories are read
-/// by [`LIST_THREADS`] threads. Directories below `dir` the user may not read are left out
-/// and returned, as `du` and `tar` go on past them.
+/// by [`LIST_THREADS`] threads. Directories below `dir` the user may not read (or removed
+/// while listed) are left out and returned, as `du` and `tar` go on past them.
 fn list_files(dir: &Path) -> Result<Listed, AnalyzeError> {
     let walk = jwalk::WalkDirGeneric::<((), u64)>::new(dir)
         .sort(true)
@@ -245,10 +245,13 @@ fn list_files(dir: &Path) -> Result<Listed, AnalyzeError> {
             AnalyzeError::io(&p, e.into())
         })?;
         if let Some(e) = &entry.read_children_error {
-            // jwalk goes on past a directory it could not read, and says so only here.
+            // jwalk goes on past a directory it could not read, and says so only here. One
+            // the user may not read, or one removed since its parent was read (a live tree's
+            // temporary directory), is left out; a failing disk is an error.
+            use std::io::ErrorKind::{NotFound, PermissionDenied};
             let refused = e
                 .io_error()
-                .is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied);
+                .is_some_and(|io| matches!(io.kind(), PermissionDenied | NotFound));
             let why = e
                 .io_error()
                 .map_or_else(|| e.to_string(), |io| io.to_string());
