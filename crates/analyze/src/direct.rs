@@ -70,7 +70,6 @@ pub fn stream_len(file: &File, meta: &std::fs::Metadata) -> u64 {
         let _ = f.seek(SeekFrom::Start(0));
         return len;
     }
-    let _ = file;
     meta.len()
 }
 
