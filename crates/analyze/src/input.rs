@@ -176,6 +176,7 @@ pub fn scan(paths: &[PathBuf]) -> Result<Vec<Image>, AnalyzeError> {
     let mut images = Vec::new();
     for path in paths {
         let meta = std::fs::metadata(path).map_err(|e| AnalyzeError::io(path, e))?;
+        let device = is_block_device(&meta);
         let mut files = Vec::new();
         let mut sizes = Vec::new();
         let mut unlisted = Vec::new();
@@ -183,7 +184,7 @@ pub fn scan(paths: &[PathBuf]) -> Result<Vec<Image>, AnalyzeError> {
             (files, sizes, unlisted) = list_files(path)?;
         } else {
             // Only a block device is opened here: opening a FIFO would wait for its writer.
-            let len = match is_block_device(&meta) {
+            let len = match device {
                 true => File::open(path).map_or(0, |f| crate::direct::stream_len(&f, &meta)),
                 false => meta.len(),
             };
@@ -202,7 +203,7 @@ pub fn scan(paths: &[PathBuf]) -> Result<Vec<Image>, AnalyzeError> {
             sizes,
             kind,
             unlisted,
-            sized: meta.is_dir() || meta.is_file() || is_block_device(&meta),
+            sized: meta.is_dir() || meta.is_file() || device,
         });
     }
     Ok(images)
@@ -240,33 +241,26 @@ fn list_files(dir: &Path) -> Result<Listed, AnalyzeError> {
         });
     let (mut files, mut sizes, mut unlisted) = (Vec::new(), Vec::new(), Vec::new());
     for entry in walk {
-        let entry = entry.map_err(|e| {
+        let mut entry = entry.map_err(|e| {
             let p = e.path().unwrap_or(dir).to_path_buf();
             AnalyzeError::io(&p, e.into())
         })?;
-        if let Some(e) = &entry.read_children_error {
+        if let Some(e) = entry.read_children_error.take() {
             // jwalk goes on past a directory it could not read, and says so only here. One
             // the user may not read, or one removed since its parent was read (a live tree's
             // temporary directory), is left out; a failing disk is an error.
             use std::io::ErrorKind::{NotFound, PermissionDenied};
-            let refused = e
-                .io_error()
-                .is_some_and(|io| matches!(io.kind(), PermissionDenied | NotFound));
-            let why = e
-                .io_error()
-                .map_or_else(|| e.to_string(), |io| io.to_string());
-            if !refused || entry.depth == 0 {
-                let io = std::io::Error::new(
-                    e.io_error()
-                        .map_or(std::io::ErrorKind::Other, |io| io.kind()),
-                    why,
-                );
+            let io = match e.io_error() {
+                Some(_) => e.into_io_error().expect("an I/O error"),
+                None => e.into(),
+            };
+            if entry.depth == 0 || !matches!(io.kind(), PermissionDenied | NotFound) {
                 return Err(AnalyzeError::io(&entry.path(), io));
             }
             unlisted.push(Changed {
                 path: entry.path(),
                 listed: 0,
-                what: Change::Unlisted(why),
+                what: Change::Unlisted(io.to_string()),
             });
         }
         if entry.file_type.is_file() {

@@ -156,15 +156,7 @@ pub fn analyze(
         None => "all",
     };
     let specs = parse_methods(methods, documents)?;
-    let (chunk_sample, mut memory_warnings) = chunk_sample(opts, &specs, &images)?;
-    if opts.chunk_sample.is_none() {
-        memory_warnings.extend(images.iter().filter(|i| !i.sized).map(|i| {
-            format!(
-                "the size of {} is not known before it is read (a pipe or a character device), so neither exact dedup's indexes (--memory) nor compression's sampling (--sample) are sized for it; for a stream of many GB, give --sample-chunks N and --sample N",
-                i.path.display()
-            )
-        }));
-    }
+    let (chunk_sample, memory_warnings) = chunk_sample(opts, &specs, &images)?;
     let compress_every = compress_every(opts, disk_total);
     let ropts = methods::RunnerOptions {
         on_top: opts.on_top,
@@ -248,7 +240,7 @@ pub fn analyze(
 
 /// The chunk sample of a run over `images`: the caller's, or the smallest that keeps exact
 /// dedup's indexes within the memory budget (see [`memory`]), with warnings for the user when
-/// memory decided it.
+/// memory decided it or an input's size could not be known in advance.
 fn chunk_sample(
     opts: &Options,
     specs: &[methods::MethodSpec],
@@ -258,6 +250,12 @@ fn chunk_sample(
     if let Some(n) = opts.chunk_sample {
         return Ok((n.clamp(1, 1 << 20), said));
     }
+    said.extend(images.iter().filter(|i| !i.sized).map(|i| {
+        format!(
+            "the size of {} is not known before it is read (a pipe or a character device), so neither exact dedup's indexes (--memory) nor compression's sampling (--sample) are sized for it; for a stream of many GB, give --sample-chunks N and --sample N",
+            i.path.display()
+        )
+    }));
     let budget = opts.memory_bytes.unwrap_or_else(memory::default_budget);
     let whose = match opts.memory_bytes {
         Some(_) => "--memory",
