@@ -355,6 +355,13 @@ fn proxy_slices(at: usize, data: &[u8], out: &mut Vec<u8>) {
 /// (binaries, text, zeros in a disk image) then costs little accuracy. Bytes of unsampled
 /// batches are never copied except for the proxy slices.
 ///
+/// The slices lie at fixed places of the **input** batch: a stream's proxy is what it kept
+/// of the input there (its own batch's slices if that is under one slice). A method that
+/// removed chunks only between the slices then has the input's very proxy, which the memo
+/// compresses once: on the five Debian images, 4 745 proxy compressions (228 MB) instead of
+/// 6 527 (339 MB), and the sampled lines came closer to an unsampled run (rms 2.5% instead
+/// of 2.8%, max 3.9% instead of 7.5%; on the trees 5.3% and 8.8% instead of 5.8% and 9.2%).
+///
 /// A method's stream has **one batch per input batch**: what the method emits for those 4 MiB
 /// of input (its unique chunks' bytes there, or its frame), as the pipeline compresses one
 /// frame per batch of items. Which batches are sampled then depends only on the input batch's
@@ -380,7 +387,14 @@ struct Residual {
     /// Compresses the proxies ([`proxy_method`]).
     proxy_compressor: Compressor,
     buf: Vec<u8>,
+    /// The proxy slices of the input's batch: the bytes this stream kept where the input's
+    /// slices lie (see [`Residual::flush`]).
     proxy: Vec<u8>,
+    /// The proxy slices of this stream's own batch, for a batch that kept too little of the
+    /// input's slices.
+    own_proxy: Vec<u8>,
+    /// Stream position where the current batch starts.
+    start: u64,
     /// Compressed output, reused between batches (only its length is kept).
     scratch: Vec<u8>,
     /// Raw bytes in the current batch.
@@ -427,6 +441,8 @@ impl Residual {
             proxy_compressor: Compressor::new(proxy_method(method)),
             buf: Vec::new(),
             proxy: Vec::new(),
+            own_proxy: Vec::new(),
+            start: 0,
             scratch: Vec::new(),
             cur: 0,
             seq: None,
@@ -453,6 +469,8 @@ impl Residual {
             proxy_compressor: Compressor::new(self.proxy_compressor.method()),
             buf: self.buf.clone(),
             proxy: self.proxy.clone(),
+            own_proxy: self.own_proxy.clone(),
+            start: self.start,
             scratch: Vec::new(),
             cur: self.cur,
             seq: self.seq,
@@ -486,16 +504,17 @@ impl Residual {
         self.number() % self.every == self.every / 2
     }
 
-    /// Adds `data` to the current batch.
-    fn take(&mut self, data: &[u8]) {
+    /// Adds `data`, at stream position `at`, to the current batch.
+    fn take(&mut self, at: u64, data: &[u8]) {
         if self.sampling() {
             self.buf.extend_from_slice(data);
         } else {
-            proxy_slices(self.cur, data, &mut self.proxy);
+            proxy_slices(self.cur, data, &mut self.own_proxy);
             if self.filled == 0 {
                 self.first.extend_from_slice(data);
             }
         }
+        proxy_slices((at - self.start) as usize, data, &mut self.proxy);
         self.cur += data.len();
     }
 
@@ -516,13 +535,13 @@ impl Residual {
             }
             if b > p {
                 let (before, after) = data.split_at((b - p) as usize);
-                self.take(before);
+                self.take(p, before);
                 data = after;
                 p = b;
             }
-            self.next_batch(seq);
+            self.next_batch(b, seq);
         }
-        self.take(data);
+        self.take(p, data);
     }
 
     /// Says that nothing more will come before stream position `at`: the batches that end
@@ -532,7 +551,7 @@ impl Residual {
             if b > at {
                 break;
             }
-            self.next_batch(seq);
+            self.next_batch(b, seq);
         }
     }
 
@@ -551,11 +570,12 @@ impl Residual {
         self.settle(self.written);
     }
 
-    /// Ends the current batch; the next is input batch `seq`'s.
-    fn next_batch(&mut self, seq: u64) {
+    /// Ends the current batch; the next is input batch `seq`'s, from stream position `at`.
+    fn next_batch(&mut self, at: u64, seq: u64) {
         self.bounds.pop_front();
         self.flush();
         self.seq = Some(seq);
+        self.start = at;
     }
 
     /// Compresses (or estimates) the current batch, if it holds anything.
@@ -566,10 +586,15 @@ impl Residual {
         let raw = self.cur as u64;
         let sampled = self.sampling();
         let proxy = if self.every > 1 {
-            if sampled {
-                proxy_slices(0, &self.buf, &mut self.proxy);
-            }
-            let (p, len) = (&self.proxy, self.proxy.len());
+            let p = if self.proxy.len() >= PROXY_SLICE {
+                &self.proxy
+            } else {
+                if sampled {
+                    proxy_slices(0, &self.buf, &mut self.own_proxy);
+                }
+                &self.own_proxy
+            };
+            let len = p.len();
             let (c, scratch) = (&mut self.proxy_compressor, &mut self.scratch);
             let out = self.memo.compress(c, p, scratch, &mut self.cpu_proxy);
             out as f64 / len.max(1) as f64 * raw as f64
@@ -589,6 +614,7 @@ impl Residual {
         self.cur = 0;
         self.buf.clear();
         self.proxy.clear();
+        self.own_proxy.clear();
     }
 
     /// Adds the batches of `other`, flushed (an item too large to buffer, estimated on its
@@ -2227,6 +2253,43 @@ mod tests {
         let saved = (z.output_bytes + refs) as f64 - e.output_bytes as f64;
         assert!(saved > 40_000.0 && saved < 80_000.0, "{saved}");
         assert!(e.rel_error > 0.0 && (e.rel_error - z.rel_error).abs() < 0.01 * z.rel_error);
+    }
+
+    #[test]
+    fn a_batch_that_lost_bytes_between_the_proxy_slices_shares_the_inputs_proxy() {
+        // The second 64 KiB of the fourth batch repeats the first of the first batch: that
+        // chunk lies between the slices at 0 and 128 KiB, so the fourth batch's proxy is the
+        // input's, and only its sampled compression could differ (it is not sampled).
+        let mut data = nibbles(6 * BATCH_BYTES, 9);
+        data.copy_within(..(64 << 10), 3 * BATCH_BYTES + (64 << 10));
+        let items = [data];
+        let opts = RunnerOptions {
+            compress_every: 3,
+            ..opts()
+        };
+        let mut runners = runners(
+            &[
+                MethodSpec::Compress(Compression::Zstd(3)),
+                MethodSpec::Exact(ChunkerSpec::Fixed { size: 64 << 10 }),
+            ],
+            &opts,
+        )
+        .unwrap();
+        for batch in test_batches(&items, BATCH_BYTES) {
+            let batch = Arc::new(batch);
+            runners.iter_mut().for_each(|r| r.feed(&batch));
+        }
+        let measured: Vec<Measured> = runners.drain(..).flat_map(|r| r.finish()).collect();
+        let proxies = |m: &Memo| {
+            m.entries()
+                .iter()
+                .filter(|(c, _)| *c == Compression::Zstd(1))
+                .count()
+        };
+        assert_eq!(proxies(&opts.memo), 6);
+        let e = &measured[3];
+        assert_eq!(e.name, "exact-fixed-64KiB+zstd");
+        assert!(e.output_bytes < measured[0].output_bytes);
     }
 
     #[test]
