@@ -443,6 +443,45 @@ mod tests {
     }
 
     #[test]
+    fn windows_holding_the_same_units_at_once_share_one_copy_of_each() {
+        let store = UnitStore::default();
+        let key = |k: usize| {
+            let mut f = [0u8; 32];
+            f[..8].copy_from_slice(&(k as u64).to_le_bytes());
+            Fingerprint(f)
+        };
+        // Every other unit has a slab of its own.
+        let units: Vec<Vec<u8>> = (0..1000u32)
+            .map(|k| {
+                let len = 100 + k as usize + if k % 2 == 0 { SLAB_UNIT_MAX } else { 0 };
+                (0..len as u32)
+                    .map(|i| (i ^ k).wrapping_mul(31) as u8)
+                    .collect()
+            })
+            .collect();
+        let start = std::sync::Barrier::new(2);
+        let held: Vec<Vec<Unit>> = std::thread::scope(|s| {
+            let both: Vec<_> = (0..2)
+                .map(|_| {
+                    s.spawn(|| {
+                        start.wait();
+                        let hold = |(k, u): (usize, &Vec<u8>)| store.hold(u, &key(k));
+                        units.iter().enumerate().map(hold).collect()
+                    })
+                })
+                .collect();
+            both.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        for (k, (a, b)) in held[0].iter().zip(&held[1]).enumerate() {
+            assert_eq!((a.bytes(), b.bytes()), (&units[k][..], &units[k][..]));
+            let (Unit::Shared(x, rx), Unit::Shared(y, ry)) = (a, b) else {
+                panic!("unit {k} is not in the store");
+            };
+            assert!(same_buffer(x, y) && rx == ry, "unit {k} was copied twice");
+        }
+    }
+
+    #[test]
     fn blocks_of_evicted_units_hold_new_ones_and_big_units_get_their_own() {
         let store = UnitStore::default();
         let mut w = Window::new(4 * SLAB_BYTES as u64);
