@@ -391,7 +391,7 @@ struct Residual {
     /// slices lie (see [`Residual::flush`]).
     proxy: Vec<u8>,
     /// The proxy slices of this stream's own batch, for a batch that kept too little of the
-    /// input's slices.
+    /// input's slices (gathered only while it has).
     own_proxy: Vec<u8>,
     /// Stream position where the current batch starts.
     start: u64,
@@ -509,7 +509,11 @@ impl Residual {
         if self.sampling() {
             self.buf.extend_from_slice(data);
         } else {
-            proxy_slices(self.cur, data, &mut self.own_proxy);
+            // Only a batch that ends with under a slice of the input's proxy uses its own, and
+            // the input's only grows: past a slice of it, the own slices are not needed.
+            if self.proxy.len() < PROXY_SLICE {
+                proxy_slices(self.cur, data, &mut self.own_proxy);
+            }
             if self.filled == 0 {
                 self.first.extend_from_slice(data);
             }
