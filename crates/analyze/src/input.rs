@@ -528,6 +528,16 @@ pub(crate) fn test_batches(items: &[Vec<u8>], batch: usize) -> Vec<Batch> {
 mod tests {
     use super::*;
 
+    /// A new directory `name` under the repository's `target/`: on the repository's
+    /// filesystem, where the tests that read around the page cache want their files.
+    fn scratch_dir(name: &str) -> PathBuf {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../target/input-tests")
+            .join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
     /// A loop device over a file, detached when dropped.
     struct Loop(String);
 
@@ -554,10 +564,7 @@ mod tests {
 
     #[test]
     fn a_block_device_is_listed_and_read_with_its_size() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../target/input-tests")
-            .join(format!("device-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch_dir("device");
         let file = dir.join("disk.img");
         // Large enough to be read around the page cache, and not a whole number of pages.
         let len = crate::direct::DIRECT_MIN as usize + 5 * 512;
@@ -742,10 +749,7 @@ mod tests {
     #[test]
     fn a_file_gone_since_it_was_listed_is_named_while_workers_read_ahead() {
         // On the repository's filesystem (the workers read ahead around the page cache there).
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../target/input-tests")
-            .join(format!("gone-{}", std::process::id()));
-        std::fs::create_dir_all(&root).unwrap();
+        let root = scratch_dir("gone");
         for i in 0..40 {
             std::fs::write(root.join(format!("f{i:02}")), vec![i as u8; 10_000]).unwrap();
         }

@@ -9,6 +9,15 @@ fn dedupwire() -> Command {
     Command::new(env!("CARGO_BIN_EXE_dedupwire"))
 }
 
+/// Fails the test with the run's stderr unless it succeeded.
+fn assert_succeeded(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn write_tree(dir: &Path, version: u32) {
     std::fs::create_dir_all(dir.join("src")).unwrap();
     let mut text = String::new();
@@ -52,11 +61,7 @@ fn analyzes_two_releases_and_writes_stable_json_and_html() {
         .arg(&docs)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_succeeded(&out);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("recommended for 100.0 Mbit/s"), "{text}");
     let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
@@ -219,11 +224,7 @@ fn a_damaged_document_stream_is_named_with_its_cause_and_writes_no_report() {
         .arg(&path)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_succeeded(&out);
 }
 
 /// `dedupwire` run as a user without root's right to read everything: as `nobody` when the
@@ -403,11 +404,7 @@ fn chunk_sampling_estimates_within_its_stated_error() {
             .args((1..=4).map(|v| tmp.join(format!("v{v}"))))
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_succeeded(&out);
         serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap()
     };
     let (exact, sampled) = (run("1"), run("4"));
