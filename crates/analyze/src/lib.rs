@@ -171,12 +171,13 @@ pub fn analyze(
         memo: Default::default(),
     };
     let runners = methods::runners(&specs, &ropts)?;
-    // Each method runs on its own thread behind a short queue, so a slow method never makes
-    // the fast ones wait at a per-batch barrier; batches are shared, not copied.
+    // Each method runs on its own thread behind a queue, so a slow method never makes the
+    // fast ones wait at a per-batch barrier; batches are shared, not copied.
     let workers: Vec<_> = runners
         .into_iter()
         .map(|mut runner| {
-            let (tx, rx) = std::sync::mpsc::sync_channel::<Arc<input::Batch>>(4);
+            let (tx, rx) =
+                std::sync::mpsc::sync_channel::<Arc<input::Batch>>(methods::QUEUE_BATCHES);
             let handle = std::thread::spawn(move || {
                 for batch in rx {
                     runner.feed(&batch);
