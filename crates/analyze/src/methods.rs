@@ -403,8 +403,6 @@ struct Residual {
     own_proxy: Vec<u8>,
     /// Stream position where the current batch starts.
     start: u64,
-    /// Compressed output, reused between batches (only its length is kept).
-    scratch: Vec<u8>,
     /// Raw bytes in the current batch.
     cur: usize,
     /// With batches that follow the input: the current batch's input batch number, and where
@@ -451,7 +449,6 @@ impl Residual {
             proxy: Vec::new(),
             own_proxy: Vec::new(),
             start: 0,
-            scratch: Vec::new(),
             cur: 0,
             seq: None,
             bounds: VecDeque::new(),
@@ -479,7 +476,6 @@ impl Residual {
             proxy: self.proxy.clone(),
             own_proxy: self.own_proxy.clone(),
             start: self.start,
-            scratch: Vec::new(),
             cur: self.cur,
             seq: self.seq,
             bounds: self.bounds.clone(),
@@ -607,16 +603,17 @@ impl Residual {
                 &self.own_proxy
             };
             let len = p.len();
-            let (c, scratch) = (&mut self.proxy_compressor, &mut self.scratch);
-            let out = self.memo.compress(c, p, scratch, &mut self.cpu_proxy);
+            let out = self
+                .memo
+                .compress(&mut self.proxy_compressor, p, &mut self.cpu_proxy);
             out as f64 / len.max(1) as f64 * raw as f64
         } else {
             0.0
         };
         self.proxy_sum += proxy;
         if sampled {
-            let (c, buf, scratch) = (&mut self.compressor, &self.buf, &mut self.scratch);
-            let out = self.memo.compress(c, buf, scratch, &mut self.cpu_sampled) as u64;
+            let (c, buf) = (&mut self.compressor, &self.buf);
+            let out = self.memo.compress(c, buf, &mut self.cpu_sampled) as u64;
             self.pairs.push((proxy, out as f64));
             self.first = Vec::new();
         } else if self.filled == 0 {
@@ -658,10 +655,8 @@ impl Residual {
     fn estimate(&mut self) -> (u64, f64, f64) {
         self.flush();
         if self.pairs.is_empty() && !self.first.is_empty() {
-            let (c, scratch) = (&mut self.compressor, &mut self.scratch);
-            let out = self
-                .memo
-                .compress(c, &self.first, scratch, &mut self.cpu_sampled);
+            let (c, first) = (&mut self.compressor, &self.first);
+            let out = self.memo.compress(c, first, &mut self.cpu_sampled);
             self.pairs.push((self.first_proxy, out as f64));
             self.first = Vec::new();
         }
