@@ -218,8 +218,11 @@ pub fn analyze(
         progress(done, disk_total);
     }
     let mut measured: Vec<methods::Measured> = Vec::new();
-    for (tx, handle) in workers {
-        drop(tx);
+    // Every queue ends before any method is waited for: a method's estimate may wait for
+    // another's (the reference of the two-phase estimate).
+    let (senders, handles): (Vec<_>, Vec<_>) = workers.into_iter().unzip();
+    drop(senders);
+    for handle in handles {
         let out = handle
             .join()
             .map_err(|_| AnalyzeError::Usage("a method worker panicked".into()))?;

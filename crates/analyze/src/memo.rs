@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use dedupwire_engine::compress::{Compression, Compressor};
 
@@ -42,7 +42,28 @@ pub struct Memo {
     map: Arc<Mutex<HashMap<Key, Entry>>>,
     /// Compressions actually run.
     runs: Arc<AtomicU64>,
+    reference: Arc<Reference>,
 }
+
+/// The input's own sampled batches, by method: what compression alone made of each, published
+/// by the stream that compresses the input as it is (see [`Memo::expect_reference`]), for the
+/// streams that estimate most of their dense sampled batches from it.
+#[derive(Default)]
+struct Reference {
+    state: Mutex<RefState>,
+    done: Condvar,
+}
+
+#[derive(Default)]
+struct RefState {
+    /// The methods a reference stream runs for, and whether it has ended.
+    streams: HashMap<Compression, bool>,
+    /// `(proxy estimate, compressed bytes)` of each sampled input batch, by method and number.
+    pairs: HashMap<(Compression, u64), (f64, f64)>,
+}
+
+/// Sampled input batches by number: `(proxy estimate, compressed bytes)`.
+pub type ReferencePairs = HashMap<u64, (f64, f64)>;
 
 impl fmt::Debug for Memo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -69,6 +90,58 @@ impl Memo {
     #[cfg(test)]
     pub(crate) fn runs(&self) -> u64 {
         self.runs.load(Ordering::Relaxed)
+    }
+
+    /// Says that a stream will publish the input's sampled batches compressed with `method`
+    /// (before any stream starts, so that all of them know it from their first batch).
+    pub fn expect_reference(&self, method: Compression) {
+        self.ref_state().streams.insert(method, false);
+    }
+
+    /// Whether a stream publishes the input's sampled batches compressed with `method`.
+    pub fn has_reference(&self, method: Compression) -> bool {
+        self.ref_state().streams.contains_key(&method)
+    }
+
+    /// Publishes input batch `seq`'s proxy estimate and compressed bytes under `method`.
+    pub fn publish_reference(&self, method: Compression, seq: u64, proxy: f64, out: f64) {
+        self.ref_state().pairs.insert((method, seq), (proxy, out));
+        self.reference.done.notify_all();
+    }
+
+    /// Says that the reference stream for `method` has published all it will.
+    pub fn end_reference(&self, method: Compression) {
+        self.ref_state().streams.insert(method, true);
+        self.reference.done.notify_all();
+    }
+
+    /// The input's sampled batches `seqs` under `method`, once the reference stream has
+    /// published them all or ended (this waits for it); those it has if it ended first.
+    ///
+    /// The reference publishes a batch as soon as it has it whole, so a stream that has
+    /// reached input batch `t` can wait for any batch before `t`: every method's thread was
+    /// sent all of them before `t`, and the reference waits for nothing else.
+    pub fn reference_pairs(&self, method: Compression, seqs: &[u64]) -> ReferencePairs {
+        let mut state = self.ref_state();
+        while state.streams.get(&method) == Some(&false)
+            && !seqs.iter().all(|&s| state.pairs.contains_key(&(method, s)))
+        {
+            state = self
+                .reference
+                .done
+                .wait(state)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        seqs.iter()
+            .filter_map(|&s| Some((s, *state.pairs.get(&(method, s))?)))
+            .collect()
+    }
+
+    fn ref_state(&self) -> std::sync::MutexGuard<'_, RefState> {
+        self.reference
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Compresses `data` with `c` unless it was compressed before or is being compressed now,
