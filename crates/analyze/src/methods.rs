@@ -767,6 +767,20 @@ impl Residual {
     }
 }
 
+/// One sampled batch of a stream in the two-phase estimate.
+struct SampledBatch {
+    /// This stream's proxy estimate and, if it compressed the batch, its output.
+    p: f64,
+    y: f64,
+    /// The reference's proxy estimate and output.
+    p0: f64,
+    y0: f64,
+    /// At least half an input batch.
+    dense: bool,
+    compressed: bool,
+    raw: u64,
+}
+
 impl Residual {
     /// The two-phase estimate of a stream that left dense sampled batches to the reference:
     /// bytes, variance and CPU seconds, or `None` if the reference lacks one of its batches.
@@ -784,15 +798,32 @@ impl Residual {
             .collect();
         let reference = self.memo.reference_pairs(self.compressor.method(), &seqs);
         let dense = |raw: u64| raw >= (BATCH_BYTES / 2) as u64;
-        // (p, y, p0, y0, dense, compressed, raw)
         let mut all = Vec::with_capacity(self.pairs.len() + self.skipped.len());
         for (&(p, y), &(seq, raw)) in self.pairs.iter().zip(&self.pair_info) {
             let &(p0, y0) = reference.get(&seq)?;
-            all.push((p, y, p0, y0, dense(raw), true, raw));
+            let dense = dense(raw);
+            all.push(SampledBatch {
+                p,
+                y,
+                p0,
+                y0,
+                dense,
+                compressed: true,
+                raw,
+            });
         }
         for &(seq, p, raw) in &self.skipped {
             let &(p0, y0) = reference.get(&seq)?;
-            all.push((p, 0.0, p0, y0, true, false, raw));
+            let y = 0.0;
+            all.push(SampledBatch {
+                p,
+                y,
+                p0,
+                y0,
+                dense: true,
+                compressed: false,
+                raw,
+            });
         }
         if self.pairs.len() != self.pair_info.len() || all.len() < 3 {
             return None;
@@ -802,20 +833,20 @@ impl Residual {
                 all.iter()
                     .enumerate()
                     .filter(move |&(k, _)| Some(k) != leave)
-                    .map(|(_, a)| a)
+                    .map(|(_, b)| b)
             };
-            let dense_all = kept().filter(|a| a.4).count() as f64;
-            let dense_done = kept().filter(|a| a.4 && a.5).count() as f64;
+            let dense_all = kept().filter(|b| b.dense).count() as f64;
+            let dense_done = kept().filter(|b| b.dense && b.compressed).count() as f64;
             let w_dense = if dense_all > 0.0 {
                 (dense_done > 0.0).then(|| dense_all / dense_done)?
             } else {
                 1.0
             };
-            let (sp0, sy0) = kept().fold((0.0, 0.0), |(a, b), x| (a + x.2, b + x.3));
+            let (sp0, sy0) = kept().fold((0.0, 0.0), |(a, c), b| (a + b.p0, c + b.y0));
             let (mut p, mut y, mut p0, mut y0) = (0.0, 0.0, 0.0, 0.0);
-            for x in kept().filter(|a| a.5) {
-                let w = if x.4 { w_dense } else { 1.0 };
-                (p, y, p0, y0) = (p + w * x.0, y + w * x.1, p0 + w * x.2, y0 + w * x.3);
+            for b in kept().filter(|b| b.compressed) {
+                let w = if b.dense { w_dense } else { 1.0 };
+                (p, y, p0, y0) = (p + w * b.p, y + w * b.y, p0 + w * b.p0, y0 + w * b.y0);
             }
             if sp0 <= 0.0 || p <= 0.0 || p0 <= 0.0 || y0 <= 0.0 {
                 return None;
@@ -831,8 +862,8 @@ impl Residual {
         let spread: f64 = left_out.iter().map(|e| (e - mean).powi(2)).sum();
         let finite = (1.0 - n / (self.filled as f64)).max(0.0);
         let var = finite * (n - 1.0) / n * spread;
-        let raw_done: u64 = all.iter().filter(|a| a.5).map(|a| a.6).sum();
-        let raw_all: u64 = all.iter().map(|a| a.6).sum();
+        let raw_done: u64 = all.iter().filter(|b| b.compressed).map(|b| b.raw).sum();
+        let raw_all: u64 = all.iter().map(|b| b.raw).sum();
         let cpu =
             self.cpu_sampled / raw_done.max(1) as f64 * raw_all as f64 * (self.filled as f64 / n);
         Some((est, var, cpu))
