@@ -352,6 +352,12 @@ impl Runner for CompressRunner {
 /// often for the same saving erred 6.5% (6.1%).
 const DENSE_EVERY: u64 = 3;
 
+/// Whether a stream's batch of `raw` bytes kept at least half of an input batch: the batches
+/// the two-phase estimate may leave to the reference.
+fn dense(raw: u64) -> bool {
+    raw >= (BATCH_BYTES / 2) as u64
+}
+
 /// Slices of every unsampled batch compressed as a proxy for the whole batch.
 const PROXY_SLICES: usize = 32;
 /// Bytes per proxy slice: 32 × 2 KiB = 1/64 of a batch. (Eight 4 KiB slices, half the bytes,
@@ -693,7 +699,7 @@ impl Residual {
     fn leaves_to_reference(&self, raw: u64) -> bool {
         self.two_phase
             && self.every > 1
-            && raw >= (BATCH_BYTES / 2) as u64
+            && dense(raw)
             && self.pairs.len() >= 2
             && (self.number() / self.every) % DENSE_EVERY != 0
             && self.memo.has_reference(self.compressor.method())
@@ -797,27 +803,24 @@ impl Residual {
             .chain(self.skipped.iter().map(|s| s.0))
             .collect();
         let reference = self.memo.reference_pairs(self.compressor.method(), &seqs);
-        let dense = |raw: u64| raw >= (BATCH_BYTES / 2) as u64;
         let mut all = Vec::with_capacity(self.pairs.len() + self.skipped.len());
         for (&(p, y), &(seq, raw)) in self.pairs.iter().zip(&self.pair_info) {
             let &(p0, y0) = reference.get(&seq)?;
-            let dense = dense(raw);
             all.push(SampledBatch {
                 p,
                 y,
                 p0,
                 y0,
-                dense,
+                dense: dense(raw),
                 compressed: true,
                 raw,
             });
         }
         for &(seq, p, raw) in &self.skipped {
             let &(p0, y0) = reference.get(&seq)?;
-            let y = 0.0;
             all.push(SampledBatch {
                 p,
-                y,
+                y: 0.0,
                 p0,
                 y0,
                 dense: true,

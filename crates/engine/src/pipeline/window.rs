@@ -456,9 +456,10 @@ mod tests {
     #[test]
     fn windows_holding_the_same_units_at_once_share_one_copy_of_each() {
         let store = UnitStore::default();
+        // Spread over the store's shards, as real fingerprints are.
         let key = |k: usize| {
             let mut f = [0u8; 32];
-            f[..8].copy_from_slice(&(k as u64).to_le_bytes());
+            f[..8].copy_from_slice(&(k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15).to_le_bytes());
             Fingerprint(f)
         };
         // Every other unit has a slab of its own.
