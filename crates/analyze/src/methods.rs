@@ -1825,8 +1825,7 @@ fn prepare_units(
     scan: Option<ScanFeatures<'_>>,
 ) -> Vec<(PreparedUnits, f64)> {
     let total: usize = units.iter().map(|u| u.len()).sum();
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let parts = (total / UNITS_PER_THREAD).clamp(1, cores);
+    let parts = (total / UNITS_PER_THREAD).clamp(1, crate::parallel::cores());
     let mut bounds = vec![0];
     let mut acc = 0;
     for (k, u) in units.iter().enumerate() {

@@ -10,9 +10,15 @@ const POOL_THREADS: usize = 8;
 /// nothing, and rayon's idle threads spin (`sched_yield`) before they sleep: eight on two
 /// cores made 125 000 such calls per run on the disk images, two 31 000.
 fn pool_threads() -> usize {
-    std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .clamp(2, POOL_THREADS)
+    cores().clamp(2, POOL_THREADS)
+}
+
+/// The cores this process may use, asked once: the standard library reads the cgroup's CPU
+/// quota from three files at each call (2 400 opens per run on the disk images when each batch
+/// asked).
+pub fn cores() -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// The threads every [`run_all`] shares, started once: starting a thread per job (eight per
