@@ -521,7 +521,9 @@ impl MultiCut {
         self.cands.drain(..c);
         let e = self.ends.partition_point(|&e| e <= keep_from);
         self.ends.drain(..e);
-        let g = self.segs.partition_point(|&(end, _)| end <= keep_from);
+        // The segment ending where the pending chunks start stays: it tells them that their
+        // head is one whole segment (see `Scanned::id`).
+        let g = self.segs.partition_point(|&(end, _)| end < keep_from);
         self.segs.drain(..g);
     }
 }
@@ -630,8 +632,14 @@ impl Scanned<'_> {
             return xxh3_64(chunk);
         };
         buf.clear();
-        let head = (head_end - start) as usize;
-        buf.extend_from_slice(&xxh3_64(&chunk[..head]).to_le_bytes());
+        // A chunk that starts where a segment ends (most do: a chunk by content ends at a
+        // candidate of the segments' level) with no other segment end in its head has that
+        // one segment, already hashed, as its head.
+        let head_id = match first.checked_sub(1).map(|k| self.segs[k]) {
+            Some((e, _)) if e == start && self.segs[first].1 != 0 => self.segs[first].1,
+            _ => xxh3_64(&chunk[..(head_end - start) as usize]),
+        };
+        buf.extend_from_slice(&head_id.to_le_bytes());
         let mut covered = head_end;
         for &(e, id) in self.segs[first + 1..]
             .iter()
