@@ -8,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=("$@")
+[[ "${ROUNDS:-5}" =~ ^[1-9][0-9]*$ ]] || { echo "bench: ROUNDS must be a whole number of rounds, 1 or more (got '${ROUNDS}')" >&2; exit 2; }
 [ ${#which[@]} -gt 0 ] || which=(chunking delta reduction analyze analyze-images analyze-trees replicate env secure channel links)
 command -v xdelta3 >/dev/null || { apt-get update -qq && apt-get install -y -qq xdelta3 >/dev/null; }
 data=$(bash bench/fetch-data.sh | tail -n 1)

@@ -2150,9 +2150,8 @@ mod tests {
             format!("{p:?}")
         };
         let got = prepare_units(&enc.unit_prep(), &units, Some(scan));
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         assert!(
-            got.len() > 1 || cores == 1,
+            got.len() > 1 || crate::parallel::cores() == 1,
             "in parts, on their own threads"
         );
         let got = with(&got.iter().map(|(u, _)| u).collect::<Vec<_>>());
@@ -2197,7 +2196,7 @@ mod tests {
         enc.prepare_cuts(&items, &mut parts);
         let units = parts.units(&items);
         let done = prepare_units(&enc.unit_prep(), &units, None);
-        assert!(done.len() > 1 || std::thread::available_parallelism().unwrap().get() == 1);
+        assert!(done.len() > 1 || crate::parallel::cores() == 1);
         for (d, _) in &done {
             parts.append_units(d);
         }
