@@ -520,3 +520,48 @@ fn a_batch_rewriting_many_documents_applies() {
     let coll = client(&rep).database(DB).collection::<Document>(COLL);
     assert_eq!(coll.count_documents(doc! {"rev": 2i64}).run().unwrap(), 250);
 }
+
+#[test]
+fn a_source_whose_server_restarts_mid_tail_reopens_its_cursor_and_loses_nothing() {
+    let Some(mut src) = start() else { return };
+    // A new client each time: a restart leaves the old one's connections dead.
+    let insert = |src: &FerretServer, from: i64, to: i64| {
+        let coll = client(src).database(DB).collection::<Document>(COLL);
+        for i in from..to {
+            coll.insert_one(doc! {"_id": i, "text": format!("document {i}")})
+                .run()
+                .unwrap();
+        }
+    };
+    insert(&src, 0, 40);
+    let config = MongoSourceConfig {
+        batch_size: 8,
+        ..source_config()
+    };
+    let mut source = MongoSource::connect(&src.url(""), config).unwrap();
+    // Four getMores of eight leave the cursor open on the server, then the server goes.
+    let first = source.poll(30).unwrap();
+    assert_eq!(first.len(), 30);
+    source.ack(first.last().unwrap().pos).unwrap();
+    src.restart(Duration::from_secs(60)).unwrap();
+    // FerretDB numbers its oplog entries within a second from zero again after a restart
+    // (MongoDB carries on from its last entry): a second on, its positions increase again.
+    thread::sleep(Duration::from_millis(1100));
+    insert(&src, 40, 60);
+    let mut rest = Vec::new();
+    let until = Instant::now() + Duration::from_secs(60);
+    while rest.len() < 30 && Instant::now() < until {
+        let polled = source
+            .poll(30)
+            .expect("a dead cursor is reopened, not an error");
+        if let Some(last) = polled.last() {
+            source.ack(last.pos).unwrap();
+        }
+        rest.extend(polled);
+    }
+    let ids: Vec<String> = first.iter().chain(&rest).map(|c| c.id.clone()).collect();
+    let expected: Vec<String> = (0..60i64)
+        .map(|i| dedupwire_replicate::mongo::id_text(&Bson::Int64(i)))
+        .collect();
+    assert_eq!(ids, expected, "every insert once, in order");
+}

@@ -71,6 +71,7 @@ pub fn find_binary(build: bool) -> Result<PathBuf, String> {
 /// A running FerretDB server with an oplog; killed and deleted on drop.
 pub struct FerretServer {
     child: Child,
+    binary: PathBuf,
     dir: tempfile::TempDir,
     port: u16,
 }
@@ -114,20 +115,42 @@ impl FerretServer {
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .map_err(|e| format!("a free loopback port: {e}"))?;
-        let log = std::fs::File::create(dir.path().join("ferretdb.log"))
+        let child = Self::run(binary, dir.path(), port)?;
+        Ok(FerretServer {
+            child,
+            binary: binary.to_path_buf(),
+            dir,
+            port,
+        })
+    }
+
+    /// The server process on `port` with its data in `dir`, its output appended to the log.
+    fn run(binary: &Path, dir: &Path, port: u16) -> Result<Child, String> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("ferretdb.log"))
             .map_err(|e| format!("server log: {e}"))?;
-        let child = Command::new(binary)
+        Command::new(binary)
             .arg("--handler=sqlite")
-            .arg(format!("--sqlite-url=file:{}/", dir.path().display()))
+            .arg(format!("--sqlite-url=file:{}/", dir.display()))
             .arg(format!("--listen-addr=127.0.0.1:{port}"))
-            .arg(format!("--state-dir={}", dir.path().display()))
+            .arg(format!("--state-dir={}", dir.display()))
             .args(["--telemetry=disable", "--debug-addr=-", "--log-level=warn"])
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| format!("server log: {e}"))?)
             .stderr(log)
             .spawn()
-            .map_err(|e| format!("run {}: {e}", binary.display()))?;
-        Ok(FerretServer { child, dir, port })
+            .map_err(|e| format!("run {}: {e}", binary.display()))
+    }
+
+    /// Kills the server and starts it again on the same port and data, as a crash and a
+    /// restart would: its cursors and connections are gone, its documents and oplog stay.
+    pub fn restart(&mut self, timeout: Duration) -> Result<(), String> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = Self::run(&self.binary, self.dir.path(), self.port)?;
+        self.wait_ready(timeout)
     }
 
     fn log(&self) -> String {

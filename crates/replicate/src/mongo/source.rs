@@ -13,6 +13,9 @@ use crate::{Change, ChangeSource, Op};
 const OPLOG_DATABASE: &str = "local";
 const OPLOG_COLLECTION: &str = "oplog.rs";
 
+/// Failed `getMore`s in a row, each followed by reopening the cursor, that a read survives.
+const GET_MORE_RETRIES: u32 = 3;
+
 /// How a [`MongoSource`] is set up.
 #[derive(Debug, Clone)]
 pub struct MongoSourceConfig {
@@ -176,7 +179,8 @@ impl MongoSource {
         }
     }
 
-    /// The next batch of the open cursor, waiting up to `wait` for one.
+    /// The next batch of the open cursor, waiting up to `wait` for one. A failed `getMore`
+    /// closes the cursor (the server may still hold it), so the next read reopens it.
     fn get_more(
         &mut self,
         id: i64,
@@ -192,14 +196,18 @@ impl MongoSource {
         match reply {
             Ok(reply) => self.take_batch(reply, "nextBatch"),
             Err(e) => {
-                self.cursor = None;
+                self.kill_cursor();
                 Err(e)
             }
         }
     }
 
-    /// Reads until `want` changes are pending or the oplog has nothing new.
+    /// Reads until `want` changes are pending or the oplog has nothing new. A cursor that
+    /// dies under it (a restarted server, a `getMore` the server interrupted when its wait ran
+    /// out, as FerretDB does) is reopened after the last entry read, which loses and repeats
+    /// nothing; only [`GET_MORE_RETRIES`] failures in a row, or a failure to reopen, fail.
     fn read_more(&mut self, want: usize) -> Result<(), MongoError> {
+        let mut failures = 0;
         while self.pending.len() < want {
             let room = (want - self.pending.len()).clamp(1, self.config.batch_size.max(1) as usize);
             let batch = match self.cursor {
@@ -210,9 +218,17 @@ impl MongoSource {
                     } else {
                         Duration::from_millis(1)
                     };
-                    self.get_more(id, room as u32, wait)?
+                    match self.get_more(id, room as u32, wait) {
+                        Ok(batch) => batch,
+                        Err(e) if failures >= GET_MORE_RETRIES => return Err(e),
+                        Err(_) => {
+                            failures += 1;
+                            continue;
+                        }
+                    }
                 }
             };
+            failures = 0;
             if batch.is_empty() {
                 return Ok(());
             }
