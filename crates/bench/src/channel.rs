@@ -11,7 +11,7 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -100,60 +100,144 @@ fn generated() -> Vec<(String, Vec<u8>)> {
     out
 }
 
-/// A stream whose writes are paced to `bytes_per_sec`, like a link with a `LINK_BUFFER`-byte
-/// queue: a write returns at once while the queue has room and blocks while it is full.
-/// [`Paced::drain`] waits until everything written has gone through.
-struct Paced<S> {
-    inner: S,
-    bytes_per_sec: Option<f64>,
-    start: Instant,
+/// A link of `bytes_per_sec` in front of a TCP stream, as a shaped router would be: writes
+/// queue up to [`LINK_BUFFER`] bytes (a write blocks while the queue is full) and a pump thread
+/// hands them to the socket at the link's rate, so the receiver gets the bytes, and the sender
+/// its acknowledgements, at the link's pace. Reads come straight from the socket. Without a
+/// rate, writes go straight through. [`Paced::drain`] waits until everything written has gone
+/// through.
+///
+/// (It used to write at once and then make the writer wait: the receiver had every byte at
+/// loopback speed, so the channel's adaptive mode, which times the link by its
+/// acknowledgements, saw no link at all and sent plain segments at "100 Mbit/s".)
+struct Paced {
+    stream: TcpStream,
+    link: Option<Link>,
     written: std::cell::Cell<u64>,
 }
 
+/// The queue and the pump of a [`Paced`] stream.
+struct Link {
+    tx: Option<std::sync::mpsc::SyncSender<Vec<u8>>>,
+    queue: Arc<(Mutex<Queue>, Condvar)>,
+    pump: Option<thread::JoinHandle<()>>,
+}
+
+/// Bytes waiting for the link, and why the pump stopped, if it did.
+#[derive(Default)]
+struct Queue {
+    bytes: u64,
+    failed: Option<std::io::ErrorKind>,
+}
+
 /// Bytes a paced link queues before writes block (a socket buffer's worth).
-const LINK_BUFFER: f64 = 4.0 * 1024.0 * 1024.0;
+const LINK_BUFFER: u64 = 4 << 20;
 
-impl<S> Paced<S> {
-    fn new(inner: S, link_mbps: Option<f64>) -> Self {
-        Paced {
-            inner,
-            bytes_per_sec: link_mbps.map(|m| m * 1e6 / 8.0),
-            start: Instant::now(),
-            written: std::cell::Cell::new(0),
-        }
-    }
-
-    /// Sleeps until the link has carried `written - queue` bytes.
-    fn wait(&self, queue: f64) {
-        if let Some(rate) = self.bytes_per_sec {
-            let due = ((self.written.get() as f64 - queue) / rate).max(0.0);
-            if let Some(wait) = Duration::from_secs_f64(due).checked_sub(self.start.elapsed()) {
-                thread::sleep(wait);
+impl Paced {
+    fn new(stream: TcpStream, link_mbps: Option<f64>) -> Result<Self> {
+        let link = match link_mbps {
+            None => None,
+            Some(mbps) => {
+                let rate = mbps * 1e6 / 8.0;
+                let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(1024);
+                let queue = Arc::new((Mutex::new(Queue::default()), Condvar::new()));
+                let (mut out, q) = (stream.try_clone()?, Arc::clone(&queue));
+                let pump = thread::spawn(move || {
+                    let mut free = Instant::now();
+                    for chunk in rx {
+                        free = free.max(Instant::now())
+                            + Duration::from_secs_f64(chunk.len() as f64 / rate);
+                        thread::sleep(free.saturating_duration_since(Instant::now()));
+                        let result = out.write_all(&chunk);
+                        let mut queue = q.0.lock().expect("no panics while held");
+                        queue.bytes -= chunk.len() as u64;
+                        if let Err(e) = result {
+                            queue.failed = Some(e.kind());
+                        }
+                        q.1.notify_all();
+                        if queue.failed.is_some() {
+                            return;
+                        }
+                    }
+                });
+                Some(Link {
+                    tx: Some(tx),
+                    queue,
+                    pump: Some(pump),
+                })
             }
-        }
+        };
+        Ok(Paced {
+            stream,
+            link,
+            written: std::cell::Cell::new(0),
+        })
     }
 
     /// Waits until everything written has crossed the link.
     fn drain(&self) {
-        self.wait(0.0);
+        if let Some(link) = &self.link {
+            let (lock, cv) = &*link.queue;
+            let mut queue = lock.lock().expect("no panics while held");
+            while queue.bytes > 0 && queue.failed.is_none() {
+                queue = cv.wait(queue).expect("no panics while held");
+            }
+        }
     }
 }
 
-impl<S: Read> Read for Paced<S> {
+impl Drop for Paced {
+    fn drop(&mut self) {
+        if let Some(link) = &mut self.link {
+            link.tx.take();
+            if let Some(pump) = link.pump.take() {
+                let _ = pump.join();
+            }
+        }
+    }
+}
+
+impl Read for Paced {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.inner.read(buf)
+        self.stream.read(buf)
     }
 }
 
-impl<S: Write> Write for Paced<S> {
+impl Write for Paced {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(&buf[..buf.len().min(64 << 10)])?;
+        let Some(link) = &self.link else {
+            let n = self.stream.write(buf)?;
+            self.written.set(self.written.get() + n as u64);
+            return Ok(n);
+        };
+        let n = buf.len().min(64 << 10);
+        {
+            let (lock, cv) = &*link.queue;
+            let mut queue = lock.lock().expect("no panics while held");
+            while queue.bytes > 0 && queue.bytes + n as u64 > LINK_BUFFER && queue.failed.is_none()
+            {
+                queue = cv.wait(queue).expect("no panics while held");
+            }
+            if let Some(kind) = queue.failed {
+                return Err(std::io::Error::new(kind, "the paced link's socket failed"));
+            }
+            queue.bytes += n as u64;
+        }
+        let tx = link
+            .tx
+            .as_ref()
+            .expect("the pump's sender lives until drop");
+        tx.send(buf[..n].to_vec())
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the pump stopped"))?;
         self.written.set(self.written.get() + n as u64);
-        self.wait(LINK_BUFFER);
         Ok(n)
     }
+
     fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
+        match self.link {
+            None => self.stream.flush(),
+            Some(_) => Ok(()),
+        }
     }
 }
 
@@ -189,7 +273,7 @@ fn run_channel(inputs: &[(String, Vec<u8>)], mode: Mode, args: &Args) -> Result<
     let s = TcpStream::connect(addr)?;
     s.set_nodelay(true)?;
     let mut ch = DedupStream::new(
-        Paced::new(s, link),
+        Paced::new(s, link)?,
         Arc::new(MemoryStore::new()),
         config,
         Role::Connect,
@@ -243,7 +327,7 @@ fn run_zstd(inputs: &[(String, Vec<u8>)], link: Option<f64>) -> Result<Row> {
     for (_, data) in inputs {
         let t = Instant::now();
         let s = TcpStream::connect(addr)?;
-        let mut paced = Paced::new(s.try_clone()?, link);
+        let mut paced = Paced::new(s.try_clone()?, link)?;
         let mut e = zstd::Encoder::new(&mut paced, 3)?;
         e.write_all(data)?;
         e.finish()?;
