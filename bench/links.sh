@@ -38,7 +38,7 @@
 # transfers per series at 11 and 3 Mbit/s, default 2 and 1) and only SLOW_WORKLOADS at
 # 3 Mbit/s (default: crates npm). PEERS picks the peers run (default: nc zstd rsync channel
 # cli; a subset is for development, its ratios need rsync and zstd in it). Tables on stdout,
-# JSON in target/bench-out/links.json.
+# JSON in target/bench-out/links.json (LINKS_JSON names another file there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -234,7 +234,7 @@ for l in $LINKS; do
 done
 teardown
 
-python3 - "$results" "$out/links.json" "$DELAY_MS" <<'PY'
+python3 - "$results" "$out/${LINKS_JSON:-links.json}" "$DELAY_MS" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 series = {}

@@ -55,6 +55,10 @@ for b in "${which[@]}"; do
       # Tables on stdout, JSON in target/bench-out/links.json. See bench/links.sh.
       LINKS=1 bash bench/fetch-data.sh >/dev/null
       bash bench/links.sh
+      # A slow LAN: 100 Mbit/s with no added delay, where the adaptive mode must see that the
+      # link, not the CPU, bounds plain sending (target/bench-out/links-lan100.json).
+      DELAY_MS=0 LINKS=100 WORKLOADS="django binary" PEERS="zstd rsync channel" \
+        LINKS_JSON=links-lan100.json bash bench/links.sh
       ;;
     analyze)
       # End-to-end analysis speed (every method, both scopes) beside reading the same files:

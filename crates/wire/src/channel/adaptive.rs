@@ -12,7 +12,8 @@
 //! acknowledgements), which socket buffers cannot hide the way they hide blocked writes; it
 //! counts only while the sender has spent a good share of its time waiting for the other end
 //! and the receiver reports having been idle through it (otherwise the acknowledgements
-//! follow the sender's own pace, or the receiver's). Until both ways have a sample and the
+//! follow the sender's own pace, or the receiver's); its rate when it last limited is kept
+//! and prices plain while dedup segments leave the link idle. Until both ways have a sample and the
 //! link's rate is known, segments alternate, dedup first. A LAN away (by the handshake's round
 //! trip) they are samples, an eighth of a segment, so that measuring the slower way costs
 //! little. Further away dedup segments go whole and plain samples are dry: the segment goes
