@@ -180,7 +180,8 @@ impl MongoSource {
     }
 
     /// The next batch of the open cursor, waiting up to `wait` for one. A failed `getMore`
-    /// closes the cursor (the server may still hold it), so the next read reopens it.
+    /// forgets the cursor, so the next read reopens it (not killing it first: a server that is
+    /// gone would hold up the reopen's error by a server-selection timeout more).
     fn get_more(
         &mut self,
         id: i64,
@@ -196,7 +197,7 @@ impl MongoSource {
         match reply {
             Ok(reply) => self.take_batch(reply, "nextBatch"),
             Err(e) => {
-                self.kill_cursor();
+                self.cursor = None;
                 Err(e)
             }
         }
