@@ -1,28 +1,28 @@
 //! The adaptive mode: per segment, dedup or plain, whichever moves message bytes faster on
 //! this connection.
 //!
-//! Per way, decayed sums (each decays by `KEEP`, 0.75, per segment acknowledged either way,
-//! so a probe after a long streak the other way counts almost alone) of message bytes, the
+//! Per way, decayed sums (each decays by `KEEP`, 0.75, per segment acknowledged either way, so
+//! a probe after a long streak the other way counts almost alone) of message bytes, the
 //! sender's CPU time (chunking, hashing, similarity, deltas, compression; a dedup segment also
 //! pays its round trips: the shortest request-to-answer time, per level asked, divided by the
 //! window), the receiver's busy time (reported with each acknowledgement) and the wire bytes
 //! its frames took. Segments are pipelined, so a way's pace is set by the slowest of the two
-//! ends' work and its wire bytes over the link's rate; a LAN away, both ends' work adds up.
-//! The link's rate is the delivery rate of the last acknowledged segments (wire bytes per second of
+//! ends' work and its wire bytes over the link's rate; a LAN away, both ends' work adds up. The
+//! link's rate is the delivery rate of the last acknowledged segments (wire bytes per second of
 //! acknowledgements), which socket buffers cannot hide the way they hide blocked writes; it
 //! counts only while the sender has spent a good share of its time waiting for the other end
-//! and the receiver reports having been idle through it (otherwise the acknowledgements
-//! follow the sender's own pace, or the receiver's); its rate when it last limited is kept
-//! and prices plain while dedup segments leave the link idle. Until both ways have a sample and the
-//! link's rate is known, segments alternate, dedup first. A LAN away (by the handshake's round
-//! trip) they are samples, an eighth of a segment, so that measuring the slower way costs
-//! little. Further away dedup segments go whole and plain samples are dry: the segment goes
-//! whole with dedup, and the sender compresses a thirty-second of it (and decompresses that,
-//! for the receiver's share) only to time it, its wire bytes left to the link's rate as
-//! dedup's deliveries show it (on a slow link a plain sample sent cost what dedup saves:
-//! typescript's 32 MB tar took 0.2 MB of plain samples against 0.04 MB for the whole message
-//! with dedup). Probes are samples too: an eighth of a segment for dedup, dry for plain
-//! further than a LAN away.
+//! and the receiver reports having been idle through it (otherwise the acknowledgements follow
+//! the sender's own pace, or the receiver's); its rate when it last limited is kept and prices
+//! plain while dedup segments leave the link idle. Until both ways have a sample and the link's
+//! rate is known, segments alternate, dedup first. A LAN away (by the handshake's round trip)
+//! they are samples, an eighth of a segment, so that measuring the slower way costs little.
+//! Further away dedup segments go whole and plain samples are dry: the segment goes whole with
+//! dedup, and the sender compresses a thirty-second of it (and decompresses that, for the
+//! receiver's share) only to time it, its wire bytes left to the link's rate as dedup's
+//! deliveries show it (on a slow link a plain sample sent cost what dedup saves: typescript's
+//! 32 MB tar took 0.2 MB of plain samples against 0.04 MB for the whole message with dedup).
+//! Probes are samples too: an eighth of a segment for dedup, dry for plain further than a LAN
+//! away.
 //!
 //! After that dedup is used unless plain is [`PLAIN_MARGIN`] times faster (a LAN away, just
 //! faster), and the other way is probed every [`PROBE_EVERY`] segments, so a change in link
