@@ -539,7 +539,8 @@ fn a_source_whose_server_restarts_mid_tail_reopens_its_cursor_and_loses_nothing(
         ..source_config()
     };
     let mut source = MongoSource::connect(&src.url(""), config).unwrap();
-    // Four getMores of eight leave the cursor open on the server, then the server goes.
+    // Thirty entries in batches of eight (a find, then getMores) leave the cursor open on the
+    // server; then the server goes.
     let first = source.poll(30).unwrap();
     assert_eq!(first.len(), 30);
     source.ack(first.last().unwrap().pos).unwrap();
