@@ -26,7 +26,15 @@ thread_local! {
 /// Entries kept at most (about 40 MB); past that, new sizes are measured but not kept.
 const MAX_ENTRIES: usize = 1 << 20;
 
-type Key = (Compression, usize, u128);
+type Key = (Compression, usize, Content);
+
+/// What a compression's input is: bytes known by their hash, or an input batch's very bytes
+/// (or its proxy), known by its number without hashing them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Content {
+    Hash(u128),
+    Input(u64),
+}
 
 /// One compression's length and CPU seconds, filled by the first stream to ask for it.
 type Entry = Arc<OnceLock<(usize, f64)>>;
@@ -42,6 +50,8 @@ pub struct Memo {
     map: Arc<Mutex<HashMap<Key, Entry>>>,
     /// Compressions actually run.
     runs: Arc<AtomicU64>,
+    /// Bytes hashed to find requests.
+    hashed: Arc<AtomicU64>,
     reference: Arc<Reference>,
 }
 
@@ -90,6 +100,12 @@ impl Memo {
     #[cfg(test)]
     pub(crate) fn runs(&self) -> u64 {
         self.runs.load(Ordering::Relaxed)
+    }
+
+    /// Bytes hashed so far to match requests (those of input batches held whole are not).
+    #[cfg(test)]
+    pub(crate) fn hashed(&self) -> u64 {
+        self.hashed.load(Ordering::Relaxed)
     }
 
     /// Says that a stream will publish the input's sampled batches compressed with `method`
@@ -147,7 +163,28 @@ impl Memo {
     /// Compresses `data` with `c` unless it was compressed before or is being compressed now,
     /// adds the CPU seconds the compression took to `cpu`, and returns the compressed length.
     pub fn compress(&self, c: &mut Compressor, data: &[u8], cpu: &mut f64) -> usize {
-        let key = (c.method(), data.len(), crate::hash::xxh3_128(data));
+        self.compress_input(c, data, None, cpu)
+    }
+
+    /// [`Memo::compress`] for `data` that is, when `input` says so, what every stream holding
+    /// all of input batch `input` holds for it (its bytes, or their proxy): such requests are
+    /// matched by the batch's number, and the bytes are not hashed. (Hashing the requests was
+    /// 2% of the analysis' CPU on the Debian images.)
+    pub fn compress_input(
+        &self,
+        c: &mut Compressor,
+        data: &[u8],
+        input: Option<u64>,
+        cpu: &mut f64,
+    ) -> usize {
+        let content = match input {
+            Some(seq) => Content::Input(seq),
+            None => {
+                self.hashed.fetch_add(data.len() as u64, Ordering::Relaxed);
+                Content::Hash(crate::hash::xxh3_128(data))
+            }
+        };
+        let key = (c.method(), data.len(), content);
         let entry = {
             let mut map = self.map.lock().expect("no panics while held");
             match map.get(&key) {

@@ -319,7 +319,7 @@ impl CompressRunner {
 
 impl Runner for CompressRunner {
     fn feed(&mut self, batch: &Arc<Batch>) {
-        self.stream.push_batch(&batch.data, batch.seq);
+        self.stream.push_input_batch(&batch.data, batch.seq);
         if self.stream.publishes {
             // Published now, not when the next batch comes: streams wait for it.
             self.stream.flush();
@@ -380,6 +380,14 @@ fn proxy_slices(at: usize, data: &[u8], out: &mut Vec<u8>) {
     }
 }
 
+/// Bytes [`proxy_slices`] takes from a whole batch of `len` bytes.
+fn proxy_len(len: usize) -> usize {
+    let stride = BATCH_BYTES / PROXY_SLICES;
+    (0..len.div_ceil(stride))
+        .map(|k| PROXY_SLICE.min(len - k * stride))
+        .sum()
+}
+
 /// Compresses a stream in batches: one in `every` (the middle one of each run of `every`), and
 /// estimates the rest with a **ratio estimator**: every batch also has a cheap proxy (32
 /// slices of 2 KiB spread over it, compressed together at a fast level, 1/64 of a 4 MiB
@@ -433,7 +441,11 @@ struct Residual {
     /// With batches that follow the input: the current batch's input batch number, and where
     /// later input batches start (stream position, number) that bytes may still come before.
     seq: Option<u64>,
-    bounds: VecDeque<(u64, u64)>,
+    bounds: VecDeque<Bound>,
+    /// The current input batch's length, if this stream holds input bytes where the input
+    /// has them (see [`Residual::begin_input`]): when it kept all of them, its batch is the
+    /// input's, known to the memo by number rather than by a hash of its bytes.
+    input_len: Option<u64>,
     /// Stream position after the bytes [`Residual::push_batch`] added.
     written: u64,
     every: u64,
@@ -463,6 +475,15 @@ struct Residual {
     skipped: Vec<(u64, f64, u64)>,
 }
 
+/// Where an input batch starts in a stream, and its length if the stream holds input bytes at
+/// the input's positions.
+#[derive(Debug, Clone, Copy)]
+struct Bound {
+    at: u64,
+    seq: u64,
+    len: Option<u64>,
+}
+
 /// The compressor of a stream's proxies: zstd's fastest regular level for zstd streams (the
 /// ratio estimator only needs a proxy that tracks the batch, and level 1 tracked level 3's
 /// batches as closely as level 3 itself on five Debian images, for two thirds of its CPU;
@@ -486,6 +507,7 @@ impl Residual {
             cur: 0,
             seq: None,
             bounds: VecDeque::new(),
+            input_len: None,
             written: 0,
             every: every.max(1),
             proxy_sum: 0.0,
@@ -532,6 +554,7 @@ impl Residual {
             cur: self.cur,
             seq: self.seq,
             bounds: self.bounds.clone(),
+            input_len: self.input_len,
             written: self.written,
             every: self.every,
             proxy_sum: self.proxy_sum,
@@ -586,7 +609,16 @@ impl Residual {
     /// Says that input batch `seq` starts at stream position `at`: bytes before `at` belong to
     /// the batch before it.
     fn begin(&mut self, at: u64, seq: u64) {
-        self.bounds.push_back((at, seq));
+        self.bounds.push_back(Bound { at, seq, len: None });
+    }
+
+    /// [`Residual::begin`] for a stream whose bytes are the input's own, each at the input's
+    /// position (what an exact method kept, or all of it), from `at` on, where input batch
+    /// `seq` starts: it is `len` bytes. A batch that kept them all is the input's, and so is a
+    /// proxy as long as the input's.
+    fn begin_input(&mut self, at: u64, seq: u64, len: u64) {
+        let len = Some(len);
+        self.bounds.push_back(Bound { at, seq, len });
     }
 
     /// Adds the bytes at stream position `at`, splitting them where input batches start.
@@ -594,7 +626,8 @@ impl Residual {
     fn push_at(&mut self, at: u64, mut data: &[u8]) {
         let end = at + data.len() as u64;
         let mut p = at;
-        while let Some(&(b, seq)) = self.bounds.front() {
+        while let Some(&bound) = self.bounds.front() {
+            let b = bound.at;
             if b >= end {
                 break;
             }
@@ -604,7 +637,7 @@ impl Residual {
                 data = after;
                 p = b;
             }
-            self.next_batch(b, seq);
+            self.next_batch(bound);
         }
         self.take(p, data);
     }
@@ -612,15 +645,16 @@ impl Residual {
     /// Says that nothing more will come before stream position `at`: the batches that end
     /// there or before are complete.
     fn settle(&mut self, at: u64) {
-        while let Some(&(b, seq)) = self.bounds.front() {
-            if b > at {
+        while let Some(&bound) = self.bounds.front() {
+            if bound.at > at {
                 break;
             }
-            self.next_batch(b, seq);
+            self.next_batch(bound);
         }
     }
 
     /// Adds all of input batch `seq`'s output, `data`.
+    #[cfg(test)]
     fn push_batch(&mut self, data: &[u8], seq: u64) {
         self.push_batch_parts(&[data], seq);
     }
@@ -628,6 +662,16 @@ impl Residual {
     /// Adds all of input batch `seq`'s output: `parts`, one after the other.
     fn push_batch_parts(&mut self, parts: &[&[u8]], seq: u64) {
         self.begin(self.written, seq);
+        self.push_parts(parts);
+    }
+
+    /// Adds all of input batch `seq`, `data`, as it is.
+    fn push_input_batch(&mut self, data: &[u8], seq: u64) {
+        self.begin_input(self.written, seq, data.len() as u64);
+        self.push_parts(&[data]);
+    }
+
+    fn push_parts(&mut self, parts: &[&[u8]]) {
         for part in parts {
             self.push_at(self.written, part);
             self.written += part.len() as u64;
@@ -635,12 +679,13 @@ impl Residual {
         self.settle(self.written);
     }
 
-    /// Ends the current batch; the next is input batch `seq`'s, from stream position `at`.
-    fn next_batch(&mut self, at: u64, seq: u64) {
+    /// Ends the current batch; the next is the input batch `bound` starts.
+    fn next_batch(&mut self, bound: Bound) {
         self.bounds.pop_front();
         self.flush();
-        self.seq = Some(seq);
-        self.start = at;
+        self.seq = Some(bound.seq);
+        self.start = bound.at;
+        self.input_len = bound.len;
     }
 
     /// Compresses (or estimates) the current batch, if it holds anything.
@@ -650,19 +695,24 @@ impl Residual {
         }
         let raw = self.cur as u64;
         let sampled = self.sampling();
+        let input = (self.input_len == Some(raw)).then_some(self.number());
         let proxy = if self.every > 1 {
-            let p = if self.proxy.len() >= PROXY_SLICE {
-                &self.proxy
+            // Kept at the input's places, as many bytes as the input's proxy has: all of them.
+            let input_proxy = self
+                .input_len
+                .filter(|&l| proxy_len(l as usize) == self.proxy.len())
+                .map(|_| self.number());
+            let (p, input) = if self.proxy.len() >= PROXY_SLICE {
+                (&self.proxy, input_proxy)
             } else {
                 if sampled {
                     proxy_slices(0, &self.buf, &mut self.own_proxy);
                 }
-                &self.own_proxy
+                (&self.own_proxy, None)
             };
             let len = p.len();
-            let out = self
-                .memo
-                .compress(&mut self.proxy_compressor, p, &mut self.cpu_proxy);
+            let c = &mut self.proxy_compressor;
+            let out = self.memo.compress_input(c, p, input, &mut self.cpu_proxy);
             out as f64 / len.max(1) as f64 * raw as f64
         } else {
             0.0
@@ -673,7 +723,9 @@ impl Residual {
             self.first = Vec::new();
         } else if sampled {
             let (c, buf) = (&mut self.compressor, &self.buf);
-            let out = self.memo.compress(c, buf, &mut self.cpu_sampled) as u64;
+            let out = self
+                .memo
+                .compress_input(c, buf, input, &mut self.cpu_sampled) as u64;
             self.pairs.push((proxy, out as f64));
             self.pair_info.push((self.number(), raw));
             if self.publishes {
@@ -1023,11 +1075,14 @@ struct WholeItem {
     pos: u64,
     /// Bytes of the current item so far.
     len: u64,
-    /// The input batch being pushed.
+    /// The input batch being pushed, its stream position and its length.
     seq: u64,
+    batch_at: u64,
+    batch_len: u64,
     /// While the current item is buffered, the input batches its bytes lie in: where each
-    /// starts in the item (the first at the item's start) and its number.
-    starts: Vec<(u64, u64)>,
+    /// starts in the item (the first at the item's start), its number, and its length if
+    /// it starts there too.
+    starts: Vec<(u64, u64, Option<u64>)>,
     buf: Vec<u8>,
     big: Option<Residual>,
     every: u64,
@@ -1050,13 +1105,15 @@ impl WholeItem {
         }
     }
 
-    /// Says that input batch `seq` starts here.
-    fn begin_batch(&mut self, seq: u64) {
+    /// Says that input batch `seq`, `len` bytes, starts here.
+    fn begin_batch(&mut self, seq: u64, len: u64) {
         self.seq = seq;
+        self.batch_at = self.pos;
+        self.batch_len = len;
         if self.len > 0 {
             match &mut self.big {
-                Some(big) => big.begin(self.pos, seq),
-                None => self.starts.push((self.pos, seq)),
+                Some(big) => big.begin_input(self.pos, seq, len),
+                None => self.starts.push((self.pos, seq, Some(len))),
             }
         }
     }
@@ -1072,7 +1129,8 @@ impl WholeItem {
             return;
         }
         if self.len == 0 {
-            self.starts.push((self.pos, self.seq));
+            let len = (self.pos == self.batch_at).then_some(self.batch_len);
+            self.starts.push((self.pos, self.seq, len));
         }
         if !piece.size_unique {
             self.hasher.update(data);
@@ -1085,8 +1143,11 @@ impl WholeItem {
             None if self.buf.len() + data.len() > WHOLE_BUFFER => {
                 let mut big = Residual::new(self.every, self.on_top, &self.memo);
                 let start = at - self.buf.len() as u64;
-                for &(b, seq) in &self.starts {
-                    big.begin(b, seq);
+                for &(b, seq, len) in &self.starts {
+                    match len {
+                        Some(len) => big.begin_input(b, seq, len),
+                        None => big.begin(b, seq),
+                    }
                 }
                 self.starts.clear();
                 big.push_at(start, &self.buf);
@@ -1138,11 +1199,12 @@ struct SizeState {
 }
 
 impl SizeState {
-    /// Says that input batch `seq` starts at stream position `at` (see [`Residual::begin`]).
-    fn begin(&mut self, at: u64, seq: u64) {
-        self.local.residual.begin(at, seq);
+    /// Says that input batch `seq`, `len` bytes, starts at stream position `at`, and that the
+    /// chunks are cut from the input where it has them (see [`Residual::begin_input`]).
+    fn begin_input(&mut self, at: u64, seq: u64, len: u64) {
+        self.local.residual.begin_input(at, seq, len);
         if let Some(g) = self.global.as_mut() {
-            g.residual.begin(at, seq);
+            g.residual.begin_input(at, seq, len);
         }
     }
 
@@ -1261,6 +1323,8 @@ impl ExactRunner {
                 pos: 0,
                 len: 0,
                 seq: 0,
+                batch_at: 0,
+                batch_len: 0,
                 starts: Vec::new(),
                 buf: Vec::new(),
                 big: None,
@@ -1352,7 +1416,7 @@ fn add_chunks(
     blocks: Option<(&Blocks, u64)>,
 ) {
     let t0 = crate::cpu::thread_cpu_seconds();
-    size.begin(scanned.batch_start(), seq);
+    size.begin_input(scanned.batch_start(), seq, data.len() as u64);
     let mut spans = std::mem::take(&mut size.spans);
     spans.clear();
     let full = match size.spec {
@@ -1463,8 +1527,9 @@ impl Runner for ExactRunner {
                 let size = &mut self.sizes[0];
                 let mut cpu = 0.0;
                 charge(&mut cpu, || {
-                    size.begin(whole.pos, batch.seq);
-                    whole.begin_batch(batch.seq);
+                    let len = batch.data.len() as u64;
+                    size.begin_input(whole.pos, batch.seq, len);
+                    whole.begin_batch(batch.seq, len);
                     for piece in &batch.pieces {
                         whole.push(batch.bytes(piece), *piece, size);
                     }
@@ -2517,6 +2582,14 @@ mod tests {
         let both = feed(&mut runners(&[zstd, exact], &opts).unwrap());
         // Only the third batch's proxy changed; no batch is compressed twice.
         assert_eq!(opts.memo.len(), entries + 1);
+        // Every other request was of an input batch held whole, matched by its number: only
+        // that proxy was hashed.
+        let proxy = proxy_len(BATCH_BYTES) as u64;
+        assert!(
+            (1..proxy).contains(&opts.memo.hashed()),
+            "{}",
+            opts.memo.hashed()
+        );
         let (z, e) = (&both[0], &both[3]);
         assert_eq!(
             (z.output_bytes, z.rel_error),
