@@ -609,7 +609,12 @@ impl Residual {
     /// Says that input batch `seq` starts at stream position `at`: bytes before `at` belong to
     /// the batch before it.
     fn begin(&mut self, at: u64, seq: u64) {
-        self.bounds.push_back(Bound { at, seq, len: None });
+        self.begin_bound(Bound { at, seq, len: None });
+    }
+
+    /// Says where an input batch starts, as [`Residual::begin`] or [`Residual::begin_input`].
+    fn begin_bound(&mut self, bound: Bound) {
+        self.bounds.push_back(bound);
     }
 
     /// [`Residual::begin`] for a stream whose bytes are the input's own, each at the input's
@@ -618,7 +623,7 @@ impl Residual {
     /// proxy as long as the input's.
     fn begin_input(&mut self, at: u64, seq: u64, len: u64) {
         let len = Some(len);
-        self.bounds.push_back(Bound { at, seq, len });
+        self.begin_bound(Bound { at, seq, len });
     }
 
     /// Adds the bytes at stream position `at`, splitting them where input batches start.
@@ -1082,7 +1087,7 @@ struct WholeItem {
     /// While the current item is buffered, the input batches its bytes lie in: where each
     /// starts in the item (the first at the item's start), its number, and its length if
     /// it starts there too.
-    starts: Vec<(u64, u64, Option<u64>)>,
+    starts: Vec<Bound>,
     buf: Vec<u8>,
     big: Option<Residual>,
     every: u64,
@@ -1113,7 +1118,11 @@ impl WholeItem {
         if self.len > 0 {
             match &mut self.big {
                 Some(big) => big.begin_input(self.pos, seq, len),
-                None => self.starts.push((self.pos, seq, Some(len))),
+                None => self.starts.push(Bound {
+                    at: self.pos,
+                    seq,
+                    len: Some(len),
+                }),
             }
         }
     }
@@ -1130,7 +1139,8 @@ impl WholeItem {
         }
         if self.len == 0 {
             let len = (self.pos == self.batch_at).then_some(self.batch_len);
-            self.starts.push((self.pos, self.seq, len));
+            let (at, seq) = (self.pos, self.seq);
+            self.starts.push(Bound { at, seq, len });
         }
         if !piece.size_unique {
             self.hasher.update(data);
@@ -1143,12 +1153,7 @@ impl WholeItem {
             None if self.buf.len() + data.len() > WHOLE_BUFFER => {
                 let mut big = Residual::new(self.every, self.on_top, &self.memo);
                 let start = at - self.buf.len() as u64;
-                for &(b, seq, len) in &self.starts {
-                    match len {
-                        Some(len) => big.begin_input(b, seq, len),
-                        None => big.begin(b, seq),
-                    }
-                }
+                self.starts.iter().for_each(|&b| big.begin_bound(b));
                 self.starts.clear();
                 big.push_at(start, &self.buf);
                 big.push_at(at, data);
