@@ -41,7 +41,7 @@ pub struct Added {
 /// spare the random inserts most of their TLB misses.
 fn table(n: usize) -> Vec<Slot> {
     let mut v: Vec<Slot> = Vec::with_capacity(n);
-    crate::huge::advise(v.as_mut_ptr().cast::<u8>(), n * std::mem::size_of::<Slot>());
+    crate::pages::advise_huge(v.as_mut_ptr().cast::<u8>(), n * std::mem::size_of::<Slot>());
     v.resize(n, Slot::default());
     v
 }

@@ -1935,7 +1935,7 @@ fn prepare_units(
 impl SimilarityRunner {
     fn new(opts: &RunnerOptions, gear_level: u32) -> Result<Self, AnalyzeError> {
         let scopes = opts.several_images.then(|| {
-            let store = Arc::<UnitStore>::default();
+            let store = Arc::new(UnitStore::with_populate(crate::pages::populate));
             [true, false].map(|per_image| ScopeThread::start(per_image, opts, &store))
         });
         Ok(SimilarityRunner {
