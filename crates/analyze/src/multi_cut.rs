@@ -32,6 +32,7 @@
 use std::borrow::Cow;
 
 use dedupwire_engine::chunk::{ChunkerSpec, FastCdc};
+use dedupwire_engine::fingerprint::prefetch_ahead;
 
 use crate::cpu::charge;
 use crate::input::{Batch, Piece};
@@ -454,7 +455,9 @@ impl MultiCut {
                 self.seg_open.reset();
                 0
             } else if self.seg_from >= base {
-                crate::hash::xxh3_64(&data[(self.seg_from - base) as usize..(p - base) as usize])
+                let seg = &data[(self.seg_from - base) as usize..(p - base) as usize];
+                prefetch_ahead(seg);
+                crate::hash::xxh3_64(seg)
             } else {
                 self.seg_open.update(&data[..(p - base) as usize]);
                 let id = self.seg_open.digest();
@@ -625,6 +628,7 @@ impl Scanned<'_> {
     pub fn id(&self, i: usize, (start, end): (u64, u64), chunk: &[u8], buf: &mut Vec<u8>) -> u64 {
         use crate::hash::xxh3_64;
         if !self.from_segs[i] {
+            prefetch_ahead(chunk);
             return xxh3_64(chunk);
         }
         let first = self.segs.partition_point(|&(e, _)| e < start + HEAD);

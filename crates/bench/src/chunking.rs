@@ -1,7 +1,8 @@
 //! Chunking and hashing throughput: our FastCDC against the `fastcdc` crate (`v2020`) on the
 //! same buffer in the same run, beside memory bandwidth (`memcpy`), `cat FILE > /dev/null`,
-//! BLAKE3, xxh3 (also on 8 KiB chunks in the cache, from `xxhash-rust` and `twox-hash`), and
-//! the super-features of 8 KiB chunks (Odess, the default).
+//! BLAKE3, xxh3 (also on 8 KiB chunks in the cache, from `xxhash-rust` and `twox-hash`, and
+//! on 1 KiB chunks from memory, with and without the engine's prefetch), and the
+//! super-features of 8 KiB chunks (Odess, the default).
 //!
 //! Input: `--input FILE`, or `--pkgs` (every file under `target/bench-data/pkgs`, made by
 //! `bench/fetch-data.sh`, concatenated in path order), else `--size-mib` MiB of deterministic
@@ -74,6 +75,10 @@ enum Work {
     /// xxh3-64 of 8 KiB chunks of the input's first MiB, again and again (as the analysis
     /// hashes chunks the Gear scan just read): from `twox-hash` if true, else `xxhash-rust`.
     Xxh3InCache(bool),
+    /// xxh3-64 (`twox-hash`) of every 1 KiB chunk of the whole buffer, out of the caches as
+    /// the analysis' first pass over a batch read around them; with
+    /// `dedupwire_engine::fingerprint::prefetch_ahead` before each chunk if true.
+    Xxh3Chunks(bool),
     /// Super-features of every chunk of the given cuts (chunk lengths).
     Features(Vec<usize>),
 }
@@ -260,6 +265,17 @@ fn build_rows(with_cat: bool, data: &[u8]) -> Result<Vec<Row>> {
         Work::Xxh3InCache(true),
         in_cache,
     ));
+    let from_memory = rows.len();
+    rows.push(row(
+        "xxh3-64, 1 KiB chunks from memory".into(),
+        Work::Xxh3Chunks(false),
+        from_memory,
+    ));
+    rows.push(row(
+        "xxh3-64, 1 KiB chunks from memory, prefetched".into(),
+        Work::Xxh3Chunks(true),
+        from_memory,
+    ));
     let (min, avg, max) = CDC_8K;
     let cuts = chunks(&FastCdc::new(min, avg, max)?, data)
         .map(|c| c.len())
@@ -325,6 +341,17 @@ fn measure(
                         xxhash_rust::xxh3::xxh3_64(black_box(c))
                     };
                 }
+            }
+            black_box(acc);
+            None
+        }
+        Work::Xxh3Chunks(prefetch) => {
+            let mut acc = 0u64;
+            for c in data.chunks(1 << 10) {
+                if *prefetch {
+                    dedupwire_engine::fingerprint::prefetch_ahead(c);
+                }
+                acc ^= twox_hash::XxHash3_64::oneshot(black_box(c));
             }
             black_box(acc);
             None

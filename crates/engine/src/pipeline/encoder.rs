@@ -225,6 +225,7 @@ impl UnitPrep {
     ) {
         let mut feats = Vec::new();
         for (k, unit) in units.into_iter().enumerate() {
+            crate::fingerprint::prefetch_ahead(unit);
             out.fps.push(self.fingerprinter.fingerprint(unit));
             if features(k, unit, &mut feats) {
                 out.feats.extend_from_slice(&feats);
