@@ -699,6 +699,7 @@ fn skip_before(cands: &[u64], mut ci: usize, target: u64) -> usize {
 /// dependency chains. The second lane starts from a zero hash 64 bytes before its half: the
 /// hash shifts one bit per byte, so after 64 bytes it no longer depends on where it started,
 /// and both lanes record exactly what one sequential scan would.
+#[inline(never)]
 fn scan_gear<S: Sink>(
     bytes: &[u8],
     hash: u64,
@@ -718,20 +719,18 @@ fn scan_gear<S: Sink>(
         .iter()
         .fold(0u64, |h, &x| (h << 1).wrapping_add(gear[x as usize]));
     let mut ha = hash;
-    let quads = mid / 4;
-    for (k, (qa, qb)) in a.chunks_exact(4).zip(b.chunks_exact(4)).enumerate() {
-        let pos = at + 4 * k as u64;
-        ha = step4(ha, qa, pos, &test, out);
-        hb = step4(hb, qb, pos + mid as u64, &test, lane2);
+    // The masks as values, not behind a reference, and the scan a function of its own (not
+    // inlined into `GearScan::of`): either way the loop ran short of registers and rebuilt
+    // the masks at every step (the scan's share of the analysis' CPU: 15.4% -> 13.3%).
+    let (masks, limit) = (test.masks, test.limit);
+    let (b_at, mut pos) = (at + mid as u64, at);
+    for (qa, qb) in a.chunks_exact(4).zip(b.chunks_exact(4)) {
+        ha = step4(ha, qa, pos, masks, limit, out);
+        hb = step4(hb, qb, pos + mid as u64, masks, limit, lane2);
+        pos += 4;
     }
     out.take_lane(lane2);
-    scan_seq(
-        &b[4 * quads..],
-        hb,
-        at + (mid + 4 * quads) as u64,
-        min_level,
-        out,
-    )
+    scan_seq(&b[mid..], hb, b_at + mid as u64, min_level, out)
 }
 
 /// "Level at least `min_level`" as a test of the hash's bits: the `min_level` bits from
@@ -754,27 +753,26 @@ impl LevelTest {
 }
 
 /// Four Gear steps from `hash` over `q` (positions `pos`…`pos + 3`), recording candidates:
-/// one addition, test and branch per byte (see [`FastCdc::gear4_table`]); a step with a
-/// candidate is replayed byte by byte.
+/// one addition, test and branch per byte (see [`FastCdc::gear4_table`]), `masks` and
+/// `limit` those of a [`LevelTest`]; a step with a candidate is replayed byte by byte.
 #[inline(always)]
-fn step4<S: Sink>(hash: u64, q: &[u8], pos: u64, test: &LevelTest, out: &mut S) -> u64 {
-    let g = FastCdc::gear4_table();
-    let m = &test.masks;
+fn step4<S: Sink>(hash: u64, q: &[u8], pos: u64, masks: [u64; 4], limit: u64, out: &mut S) -> u64 {
+    let (g, m) = (FastCdc::gear4_table(), masks);
     let x = (hash << 4).wrapping_add(g[0][q[0] as usize]);
     if x & m[0] == 0 {
-        return replay4(hash, q, pos, test.limit, out);
+        return replay4(hash, q, pos, limit, out);
     }
     let x = x.wrapping_add(g[1][q[1] as usize]);
     if x & m[1] == 0 {
-        return replay4(hash, q, pos, test.limit, out);
+        return replay4(hash, q, pos, limit, out);
     }
     let x = x.wrapping_add(g[2][q[2] as usize]);
     if x & m[2] == 0 {
-        return replay4(hash, q, pos, test.limit, out);
+        return replay4(hash, q, pos, limit, out);
     }
     let x = x.wrapping_add(g[3][q[3] as usize]);
     if x & m[3] == 0 {
-        return replay4(hash, q, pos, test.limit, out);
+        return replay4(hash, q, pos, limit, out);
     }
     x
 }
@@ -803,7 +801,7 @@ fn scan_seq<S: Sink>(bytes: &[u8], mut hash: u64, at: u64, min_level: u32, out: 
     let mut quads = bytes.chunks_exact(4);
     let mut pos = at;
     for q in &mut quads {
-        hash = step4(hash, q, pos, &test, out);
+        hash = step4(hash, q, pos, test.masks, test.limit, out);
         pos += 4;
     }
     replay4(hash, quads.remainder(), pos, test.limit, out)
