@@ -2107,6 +2107,30 @@ mod tests {
     use crate::input::test_batches;
 
     #[test]
+    fn proxy_len_is_what_proxy_slices_takes_from_a_whole_batch() {
+        // The memo takes a proxy as long as the input's for the input's own: the two must agree.
+        let stride = BATCH_BYTES / PROXY_SLICES;
+        let data = vec![7u8; BATCH_BYTES + stride];
+        for len in [
+            0,
+            1,
+            PROXY_SLICE - 1,
+            PROXY_SLICE,
+            PROXY_SLICE + 1,
+            stride - 1,
+            stride,
+        ]
+        .into_iter()
+        .chain([stride + 1, 5 * stride + 17, BATCH_BYTES - 1, BATCH_BYTES])
+        .chain([BATCH_BYTES + stride])
+        {
+            let mut out = Vec::new();
+            proxy_slices(0, &data[..len], &mut out);
+            assert_eq!(proxy_len(len), out.len(), "{len} bytes");
+        }
+    }
+
+    #[test]
     fn ratio_variance_is_the_jackknife_of_the_left_out_ratios() {
         // Left-out ratios 5/3, 1 and 2: mean 14/9, squared spread 42/81; half the batches
         // sampled; (n-1)/n = 2/3; proxy total 10.

@@ -131,22 +131,9 @@ pub const PREFETCH_DISTANCE: usize = 4 << 10;
 /// is read.
 #[inline(always)]
 pub fn prefetch_ahead(chunk: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let from = chunk.as_ptr().wrapping_add(PREFETCH_DISTANCE);
-        let mut off = 0;
-        while off < chunk.len() {
-            // SAFETY: a prefetch neither faults nor changes memory, whatever the address.
-            unsafe {
-                core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
-                    from.wrapping_add(off).cast::<i8>(),
-                )
-            };
-            off += 64;
-        }
+    for off in (0..chunk.len()).step_by(64) {
+        crate::hint::prefetch(chunk, PREFETCH_DISTANCE + off);
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = chunk;
 }
 
 #[cfg(test)]

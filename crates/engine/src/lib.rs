@@ -25,6 +25,7 @@ pub mod delta;
 mod error;
 pub mod exact_index;
 pub mod fingerprint;
+mod hint;
 pub mod pipeline;
 pub mod similarity;
 pub mod varint;

@@ -351,20 +351,6 @@ unsafe fn quad(data: &[u8], at: usize) -> &[u8; 4] {
     unsafe { &*data.as_ptr().add(at).cast::<[u8; 4]>() }
 }
 
-/// Hints the CPU to fetch the cache line holding `data[at]`; `at` may be out of bounds.
-#[inline(always)]
-fn prefetch(data: &[u8], at: usize) {
-    let p = data.as_ptr().wrapping_add(at);
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is only a hint: it never faults and has no visible effect, whatever
-    // the address (the pointer is never dereferenced).
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>())
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
-
 /// The `MaskS` phase `[start, end)`, with the hash starting at zero: one two-lane block over
 /// the whole phase (hits are rare here, about one chunk in six), else sequential.
 #[inline]
@@ -430,8 +416,8 @@ fn scan_lanes(data: &[u8], mut i: usize, end: usize, mut h: u64, mask: u64, lane
         // Lane 1 starts at i + lane; its 64 bytes of warm-up lie inside [i, i + lane), after
         // the start of hashing, so its hash equals the sequential one from its first byte.
         for k in (0..PREFETCH + LINE).step_by(LINE) {
-            prefetch(data, i + k);
-            prefetch(data, i + lane - WARMUP + k);
+            crate::hint::prefetch(data, i + k);
+            crate::hint::prefetch(data, i + lane - WARMUP + k);
         }
         let mut h1 = warm_up(data, i + lane - WARMUP);
         let mut h0 = h;
@@ -439,8 +425,8 @@ fn scan_lanes(data: &[u8], mut i: usize, end: usize, mut h: u64, mask: u64, lane
         let mut j = 0;
         while j < lane {
             if j % LINE == 0 {
-                prefetch(d0, j + PREFETCH);
-                prefetch(d1, j + PREFETCH);
+                crate::hint::prefetch(d0, j + PREFETCH);
+                crate::hint::prefetch(d1, j + PREFETCH);
             }
             // SAFETY: j + 8 <= lane == d0.len() == d1.len() (lane is a multiple of 8).
             let (q0, q1, r0, r1) =

@@ -185,23 +185,6 @@ fn hash_w<const W: usize>(b: &[u8], at: usize) -> u64 {
 /// source (up to 32 MiB) misses the caches on nearly every lookup.
 const PREFETCH: usize = 16;
 
-/// Asks the CPU to bring `table[slot]` into cache.
-#[inline(always)]
-fn prefetch(table: &[u32], slot: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if let Some(p) = table.get(slot) {
-        // SAFETY: a prefetch has no effect on memory; the pointer is in bounds.
-        #[allow(unused_unsafe)]
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                (p as *const u32).cast(),
-            )
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (table, slot);
-}
-
 /// Length of the common prefix of `a` and `b`.
 #[inline]
 fn common_prefix(a: &[u8], b: &[u8]) -> usize {
@@ -352,7 +335,7 @@ fn build_index<const W: usize>(source: &[u8], stride: usize, table: &mut Vec<u32
     while p + W <= indexable {
         let ahead = p + PREFETCH * stride;
         if ahead + W <= indexable {
-            prefetch(table, index.slot(hash_w::<W>(source, ahead)));
+            crate::hint::prefetch(table, index.slot(hash_w::<W>(source, ahead)));
         }
         insert(table, p);
         p += stride;
@@ -468,7 +451,7 @@ fn encode_w<const W: usize>(
         // overlap instead of following each other.
         prefetched = prefetched.max(i);
         while prefetched <= end.min(i + PREFETCH) {
-            prefetch(table, index.slot(hash_w::<W>(target, prefetched)));
+            crate::hint::prefetch(table, index.slot(hash_w::<W>(target, prefetched)));
             prefetched += 1;
         }
         let Some(mut best) = probe::<W>(source, target, table, &index, i, pending, last_end, None)
