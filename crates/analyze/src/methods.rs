@@ -1090,6 +1090,9 @@ struct WholeItem {
     starts: Vec<Bound>,
     buf: Vec<u8>,
     big: Option<Residual>,
+    /// The current item is new for sure (no other file has its size): its bytes go straight
+    /// to the scopes' streams as they come, neither buffered nor estimated apart.
+    direct: bool,
     every: u64,
     on_top: Compression,
     memo: Memo,
@@ -1110,12 +1113,21 @@ impl WholeItem {
         }
     }
 
+    /// Stream position of the first byte not yet given to the scopes' streams.
+    fn pending_start(&self) -> u64 {
+        if self.direct {
+            self.pos
+        } else {
+            self.pos - self.len
+        }
+    }
+
     /// Says that input batch `seq`, `len` bytes, starts here.
     fn begin_batch(&mut self, seq: u64, len: u64) {
         self.seq = seq;
         self.batch_at = self.pos;
         self.batch_len = len;
-        if self.len > 0 {
+        if self.len > 0 && !self.direct {
             match &mut self.big {
                 Some(big) => big.begin_input(self.pos, seq, len),
                 None => self.starts.push(Bound {
@@ -1135,6 +1147,24 @@ impl WholeItem {
             let id = self.id(piece, data);
             size.add(id, self.pos, data);
             self.pos += data.len() as u64;
+            return;
+        }
+        if self.len == 0 {
+            self.direct = piece.size_unique && size.local.sample == 1;
+        }
+        if self.direct {
+            // (Buffering each tar image's first 64 MiB and estimating the rest apart was 1.5%
+            // of the analysis' CPU on the five Debian images.)
+            size.emit_new(self.pos, data);
+            self.len += data.len() as u64;
+            self.pos += data.len() as u64;
+            if piece.item_end {
+                self.items += 1;
+                let id = self.id(piece, &[]);
+                size.add_with(id, self.len, |_| {});
+                self.len = 0;
+                self.direct = false;
+            }
             return;
         }
         if self.len == 0 {
@@ -1226,6 +1256,15 @@ impl SizeState {
         self.add_with(id, chunk.len() as u64, |scope| {
             scope.residual.push_at(at, chunk)
         });
+    }
+
+    /// Gives bytes of an item new to both scopes (see [`WholeItem::direct`]) to their
+    /// streams, at stream position `at`; the item is counted when it ends.
+    fn emit_new(&mut self, at: u64, data: &[u8]) {
+        self.local.residual.push_at(at, data);
+        if let Some(g) = self.global.as_mut() {
+            g.residual.push_at(at, data);
+        }
     }
 
     /// Adds an item too large to buffer, `len` bytes: its own stream, flushed (merged into a
@@ -1333,6 +1372,7 @@ impl ExactRunner {
                 starts: Vec::new(),
                 buf: Vec::new(),
                 big: None,
+                direct: false,
                 every: opts.compress_every,
                 on_top: opts.on_top,
                 memo: opts.memo.clone(),
@@ -1538,7 +1578,7 @@ impl Runner for ExactRunner {
                     for piece in &batch.pieces {
                         whole.push(batch.bytes(piece), *piece, size);
                     }
-                    size.settle(whole.pos - whole.len);
+                    size.settle(whole.pending_start());
                 });
                 size.cpu += cpu;
             }
@@ -2423,6 +2463,45 @@ mod tests {
         assert_eq!(whole(&|i| i == 3), hashed);
         // The flag is trusted: equal items falsely flagged are not compared.
         assert_eq!(whole(&|i| i == 1 || i == 4), hashed + 5000);
+    }
+
+    #[test]
+    fn items_new_for_their_size_stream_straight_to_the_scopes_with_the_same_outcome() {
+        // Larger than the buffer and not, starting mid-batch, crossing batches: given to the
+        // scopes as they come, they compress as the buffered ones did.
+        let text: Vec<u8> = b"a compressible line of text\n".repeat(100_000);
+        let items = [
+            noise(300_000, 1),
+            noise(3 << 20, 2),
+            text,
+            nibbles(1_500_000, 3),
+            noise(900_000, 4),
+        ];
+        let whole = |unique: bool| {
+            let mut runner = ExactRunner::new(&[ChunkerSpec::Whole], &opts(), ALONE).unwrap();
+            for mut batch in test_batches(&items, 1 << 20) {
+                batch.pieces.iter_mut().for_each(|p| p.size_unique = unique);
+                runner.feed(&Arc::new(batch));
+            }
+            let m = Box::new(runner).finish();
+            (m[0].output_bytes, m[1].output_bytes)
+        };
+        let all: usize = items.iter().map(Vec::len).sum();
+        let (buffered, direct) = (whole(false), whole(true));
+        assert_eq!(buffered.0, all as u64 + 5 * REF_BYTES);
+        assert_eq!(direct.0, buffered.0);
+        // Everything is new, so the stream is the input, one frame per input batch, as the
+        // pipeline would send it (the buffered items were cut apart from their neighbours).
+        let mut z = Compressor::new(Compression::Zstd(3));
+        let frames: usize = test_batches(&items, 1 << 20)
+            .iter()
+            .map(|b| z.compress(&b.data).len())
+            .sum();
+        assert_eq!(direct.1, frames as u64 + 5 * REF_BYTES);
+        assert!(
+            buffered.1.abs_diff(direct.1) * 100 < direct.1,
+            "{buffered:?} {direct:?}"
+        );
     }
 
     #[test]
