@@ -1088,7 +1088,11 @@ struct WholeItem {
     /// starts in the item (the first at the item's start), its number, and its length if
     /// it starts there too.
     starts: Vec<Bound>,
-    buf: Vec<u8>,
+    /// The current item's pieces so far while it is buffered: held in their batches, not
+    /// copied (copying them was 1.3% of the CPU of the Debian trees' analysis, whose equal
+    /// files span batches in every snapshot), and their bytes.
+    parts: Vec<(Arc<Batch>, std::ops::Range<usize>)>,
+    buffered: usize,
     big: Option<Residual>,
     /// The current item is new for sure (no other file has its size): its bytes go straight
     /// to the scopes' streams as they come, neither buffered nor estimated apart.
@@ -1139,7 +1143,9 @@ impl WholeItem {
         }
     }
 
-    fn push(&mut self, data: &[u8], piece: Piece, size: &mut SizeState) {
+    /// Adds `piece` of `batch`.
+    fn push(&mut self, batch: &Arc<Batch>, piece: Piece, size: &mut SizeState) {
+        let data = batch.bytes(&piece);
         if self.len == 0 && piece.item_end && data.len() <= WHOLE_BUFFER {
             // A whole item in one piece (most files of a tree): added from the batch, neither
             // copied nor hashed in pieces.
@@ -1180,18 +1186,20 @@ impl WholeItem {
         self.pos += data.len() as u64;
         match &mut self.big {
             Some(big) => big.push_at(at, data),
-            None if self.buf.len() + data.len() > WHOLE_BUFFER => {
+            None if self.buffered + data.len() > WHOLE_BUFFER => {
                 let mut big = Residual::new(self.every, self.on_top, &self.memo);
-                let start = at - self.buf.len() as u64;
                 self.starts.iter().for_each(|&b| big.begin_bound(b));
                 self.starts.clear();
-                big.push_at(start, &self.buf);
+                push_parts(&mut big, at - self.buffered as u64, &self.parts);
                 big.push_at(at, data);
-                // Kept, not freed: the next huge item would fault in its pages again.
-                self.buf.clear();
+                self.parts.clear();
+                self.buffered = 0;
                 self.big = Some(big);
             }
-            None => self.buf.extend_from_slice(data),
+            None => {
+                self.parts.push((Arc::clone(batch), piece.start..piece.end));
+                self.buffered += data.len();
+            }
         }
         if !piece.item_end {
             return;
@@ -1206,13 +1214,26 @@ impl WholeItem {
             }
             None => {
                 let at = self.pos - self.len;
-                size.add(id, at, &self.buf);
+                let parts = &self.parts;
+                size.add_with(id, self.len, |scope| {
+                    push_parts(&mut scope.residual, at, parts)
+                });
             }
         }
         self.hasher.reset();
         self.len = 0;
         self.starts.clear();
-        self.buf.clear();
+        self.parts.clear();
+        self.buffered = 0;
+    }
+}
+
+/// Adds the bytes of `parts`, one after the other from stream position `at`, to `residual`.
+fn push_parts(residual: &mut Residual, at: u64, parts: &[(Arc<Batch>, std::ops::Range<usize>)]) {
+    let mut pos = at;
+    for (batch, range) in parts {
+        residual.push_at(pos, &batch.data[range.clone()]);
+        pos += range.len() as u64;
     }
 }
 
@@ -1370,7 +1391,8 @@ impl ExactRunner {
                 batch_at: 0,
                 batch_len: 0,
                 starts: Vec::new(),
-                buf: Vec::new(),
+                parts: Vec::new(),
+                buffered: 0,
                 big: None,
                 direct: false,
                 every: opts.compress_every,
@@ -1576,7 +1598,7 @@ impl Runner for ExactRunner {
                     size.begin_input(whole.pos, batch.seq, len);
                     whole.begin_batch(batch.seq, len);
                     for piece in &batch.pieces {
-                        whole.push(batch.bytes(piece), *piece, size);
+                        whole.push(batch, *piece, size);
                     }
                     size.settle(whole.pending_start());
                 });
