@@ -240,13 +240,22 @@ fn wanted(size: u64) -> bool {
     size > 0 && size < DIRECT_MIN
 }
 
-/// A worker: takes the next file within reach of the reader, reads it, until all are taken
-/// or the reader stops.
-fn work(sh: &Shared) {
-    let mut st = lock(&sh.state);
+/// What a worker is to do next.
+enum Next {
+    /// Read file `n`, listed with this many bytes, into the buffer, directly unless `false`.
+    File(usize, u64, Vec<u8>, bool),
+    /// Wait: the files taken and not yet reached fill the window.
+    Full,
+    /// Nothing: every file is taken, or the reader stopped.
+    Done,
+}
+
+/// The next file for a worker, taken: past the reader's, and one the reader does not read
+/// itself.
+fn next_file(sh: &Shared, st: &mut State) -> Next {
     loop {
         if st.stop || st.next >= sh.files.len() {
-            return;
+            return Next::Done;
         }
         if st.next <= st.reached {
             // The reader is there already.
@@ -261,21 +270,40 @@ fn work(sh: &Shared) {
         }
         let full = st.held > 0 && st.held + size > sh.ahead.0;
         if full || n - st.reached > sh.ahead.1 {
-            st.workers_waiting += 1;
-            st = sh.moved.wait(st).expect("no panics while held");
-            st.workers_waiting -= 1;
-            continue;
+            return Next::Full;
         }
         st.next += 1;
         st.held += size;
         st.slots.insert(n, Slot::Fetching);
         let buf = st.pool.pop().unwrap_or_default();
         st.pooled -= buf.capacity();
-        let direct = !st.no_direct;
-        drop(st);
-        let got = fetch(&sh.files[n].0, size, buf, direct);
-        st = lock(&sh.state);
-        publish(sh, &mut st, n, size, got);
+        return Next::File(n, size, buf, !st.no_direct);
+    }
+}
+
+/// Waits until the reader makes room (or stops).
+fn wait_for_room<'a>(sh: &'a Shared, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+    st.workers_waiting += 1;
+    st = sh.moved.wait(st).expect("no panics while held");
+    st.workers_waiting -= 1;
+    st
+}
+
+/// A worker: takes the next file within reach of the reader, reads it, until all are taken
+/// or the reader stops.
+fn work(sh: &Shared) {
+    let mut st = lock(&sh.state);
+    loop {
+        match next_file(sh, &mut st) {
+            Next::Done => return,
+            Next::Full => st = wait_for_room(sh, st),
+            Next::File(n, size, buf, direct) => {
+                drop(st);
+                let got = fetch(&sh.files[n].0, size, buf, direct);
+                st = lock(&sh.state);
+                publish(sh, &mut st, n, size, got);
+            }
+        }
     }
 }
 
@@ -524,34 +552,17 @@ mod ring {
             let mut free: Vec<usize> = (0..RING_READS).rev().collect();
             loop {
                 let mut st = lock(&sh.state);
-                while !st.stop && !free.is_empty() && st.next < sh.files.len() {
-                    if st.next <= st.reached {
-                        st.next = st.reached + 1;
-                        continue;
-                    }
-                    let n = st.next;
-                    let size = sh.files[n].1;
-                    if !wanted(size) {
-                        st.next += 1;
-                        continue;
-                    }
-                    let full = st.held > 0 && st.held + size > sh.ahead.0;
-                    if full || n - st.reached > sh.ahead.1 {
-                        if free.len() < RING_READS {
-                            // Completions make room: collect them first.
-                            break;
+                while !free.is_empty() {
+                    let (n, size, buf, direct) = match next_file(sh, &mut st) {
+                        Next::Done => break,
+                        // Completions make room: collect them first.
+                        Next::Full if free.len() < RING_READS => break,
+                        Next::Full => {
+                            st = wait_for_room(sh, st);
+                            continue;
                         }
-                        st.workers_waiting += 1;
-                        st = sh.moved.wait(st).expect("no panics while held");
-                        st.workers_waiting -= 1;
-                        continue;
-                    }
-                    st.next += 1;
-                    st.held += size;
-                    st.slots.insert(n, Slot::Fetching);
-                    let buf = st.pool.pop().unwrap_or_default();
-                    st.pooled -= buf.capacity();
-                    let direct = !st.no_direct;
+                        Next::File(n, size, buf, direct) => (n, size, buf, direct),
+                    };
                     drop(st);
                     match begin(&sh.files[n].0, n, size, buf, direct) {
                         Ok(mut flight) => {
