@@ -14,9 +14,9 @@
 //!
 //! On Linux the workers are one thread with its reads in flight in an io_uring ([`ring`]):
 //! each blocking read had cost a context switch and a wake-up, and eight threads reading the
-//! Debian trees' 76 418 files under 16 MiB took 1.0–1.15 CPU-seconds of system time where
+//! Debian trees' 76 418 files under 16 MiB took 0.99–1.15 CPU-seconds of system time where
 //! one ring took 0.49–0.62 (a scratch C program, cold cache, inodes cached as after the
-//! listing). Where the kernel offers no ring, [`WORKERS`] threads read as before.
+//! listing; four runs each). Where the kernel offers no ring, [`WORKERS`] threads read as before.
 //!
 //! The workers stay at most [`AHEAD_BYTES`] and [`AHEAD_FILES`] ahead of the reader, and leave
 //! alone the files large enough for the reader's own direct reads
