@@ -103,10 +103,21 @@ PY
         t1=$(date +%s.%N)
         rounds+=("$c0,$c1,$t0,$t1,$d0,$d1")
       done
+      # One more cold run held to one core: how the analysis scales with cores, and so how
+      # many it needs to keep up with the disk.
+      one=""
+      if command -v taskset > /dev/null; then
+        cpu0=$(taskset -pc $$ | sed 's/.*: //; s/[-,].*//')
+        drop; o0=$(date +%s.%N)
+        taskset -c "$cpu0" ./target/release/dedupwire analyze "${imgs[@]}" \
+          --json "$out/analyze-images-1core.json" -q
+        o1=$(date +%s.%N)
+        one="$o0,$o1"
+      fi
       if [ "${ACCURACY:-0}" = 1 ]; then
         ./target/release/dedupwire analyze "${imgs[@]}" --sample 1 --json "$out/analyze-images-full.json" -q
       fi
-      python3 - "$out" "${rounds[@]}" <<'PY'
+      ONE="$one" python3 - "$out" "${rounds[@]}" <<'PY'
 import json, os, statistics, sys
 out = sys.argv[1]
 r = json.load(open(f"{out}/analyze-images.json"))
@@ -125,6 +136,15 @@ print(f"  device read around the cache (dd iflag=direct bs=4M): {dev:.0f} MB/s m
       f"{[round(x) for x in direct]}  (analysis {ana / dev:.2f} x)")
 ratios = [a / c for a, c in zip(runs, reads)]
 print(f"  each round's ratio: median {statistics.median(ratios):.2f} of {[round(x, 2) for x in ratios]}")
+if os.environ.get("ONE"):
+    o0, o1 = map(float, os.environ["ONE"].split(','))
+    solo = mb / (o1 - o0)
+    same = [m['output_bytes'] for m in json.load(open(f"{out}/analyze-images-1core.json"))['methods']] \
+        == [m['output_bytes'] for m in r['methods']]
+    cores = len(os.sched_getaffinity(0))
+    # At the scaling measured, the cores the analysis needs to read as fast as the cold cat.
+    print(f"  on one core: {solo:.0f} MB/s ({'same' if same else 'DIFFERENT'} output); {cores} cores ran "
+          f"{ana / solo:.2f} x as fast; keeping up with the cold cat takes {disk / solo:.2f} cores' worth")
 errs = sorted(m['rel_error'] for m in r['methods'] if m['rel_error'] > 0)
 if errs:
     print(f"  stated relative error of sampled lines: median {statistics.median(errs):.3f}, max {max(errs):.3f}")
