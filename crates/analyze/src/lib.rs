@@ -146,6 +146,7 @@ pub fn analyze(
         ));
     }
     let started = Instant::now();
+    let cpu_started = cpu::process_cpu_seconds();
     keep_buffers_in_heap();
     let images = input::scan(paths)?;
     let documents = images.iter().any(|i| i.kind == input::ItemKind::Document);
@@ -203,7 +204,11 @@ pub fn analyze(
     let rx = input::read_batches(images);
     let mut done = 0u64;
     let mut changed = Vec::new();
-    for batch in rx {
+    let mut waits = report::Waits::default();
+    loop {
+        let t = Instant::now();
+        let Ok(batch) = rx.recv() else { break };
+        waits.input += t.elapsed().as_secs_f64();
         let mut batch = batch?;
         changed.append(&mut batch.changed);
         let st = &mut image_stats[batch.image];
@@ -211,10 +216,12 @@ pub fn analyze(
         st.items += batch.pieces.iter().filter(|p| p.item_end).count() as u64;
         done += batch.data.len() as u64;
         let batch = Arc::new(batch);
+        let t = Instant::now();
         for (tx, _) in &workers {
             tx.send(Arc::clone(&batch))
                 .map_err(|_| AnalyzeError::Usage("a method worker stopped unexpectedly".into()))?;
         }
+        waits.methods += t.elapsed().as_secs_f64();
         progress(done, disk_total);
     }
     let mut measured: Vec<methods::Measured> = Vec::new();
@@ -222,12 +229,14 @@ pub fn analyze(
     // another's (the reference of the two-phase estimate).
     let (senders, handles): (Vec<_>, Vec<_>) = workers.into_iter().unzip();
     drop(senders);
+    let t = Instant::now();
     for handle in handles {
         let out = handle
             .join()
             .map_err(|_| AnalyzeError::Usage("a method worker panicked".into()))?;
         measured.extend(out);
     }
+    waits.methods += t.elapsed().as_secs_f64();
     let mut report = report::build(
         image_stats,
         measured,
@@ -236,6 +245,11 @@ pub fn analyze(
         chunk_sample,
         methods == "all-quick",
         started.elapsed().as_secs_f64(),
+    );
+    report.set_pace(
+        cpu::process_cpu_seconds() - cpu_started,
+        parallel::cores(),
+        waits,
     );
     report.warnings = report::warnings(&changed, report.input_bytes, report.items);
     report.warnings.extend(memory_warnings);

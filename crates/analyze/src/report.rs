@@ -84,6 +84,40 @@ pub struct Report {
     pub warnings: Vec<String>,
     /// Wall seconds the analysis took.
     pub elapsed_s: f64,
+    /// CPU seconds the analysis took, all threads together.
+    #[serde(default)]
+    pub cpu_s: f64,
+    /// Cores the analysis could use.
+    #[serde(default)]
+    pub cores: u64,
+    /// Seconds the methods had no input to work on: reading (the disk, a pipe) had not
+    /// delivered the next batch.
+    #[serde(default)]
+    pub waited_on_input_s: f64,
+    /// Seconds reading waited for the methods: a method's queue was full, then the methods
+    /// finished the last batches.
+    #[serde(default)]
+    pub waited_on_methods_s: f64,
+}
+
+/// How long reading and the methods waited for each other (see [`Report::pace`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Waits {
+    pub input: f64,
+    pub methods: f64,
+}
+
+/// The share of its cores' time at which an analysis counts as CPU-bound whatever the waits:
+/// the default analysis of the benchmark's images and trees keeps two cores 90–94% busy.
+const BUSY: f64 = 0.85;
+
+/// What set an analysis' pace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pace {
+    /// The methods kept up with reading: the analysis ran at the speed of its input.
+    Input,
+    /// The methods: the cores were kept busy, or reading waited for the slowest method.
+    Cpu,
 }
 
 pub(crate) fn build(
@@ -148,6 +182,10 @@ pub(crate) fn build(
         notes,
         warnings: Vec::new(),
         elapsed_s,
+        cpu_s: 0.0,
+        cores: 0,
+        waited_on_input_s: 0.0,
+        waited_on_methods_s: 0.0,
     }
 }
 
@@ -269,6 +307,68 @@ pub fn human_bytes(n: u64) -> String {
 }
 
 impl Report {
+    /// Records the CPU the analysis took on `cores` cores and how long reading and the
+    /// methods waited for each other.
+    pub(crate) fn set_pace(&mut self, cpu_s: f64, cores: usize, waits: Waits) {
+        self.cpu_s = cpu_s;
+        self.cores = cores as u64;
+        self.waited_on_input_s = waits.input;
+        self.waited_on_methods_s = waits.methods;
+    }
+
+    /// The share of its cores' time the analysis kept busy (`None` if not recorded).
+    pub fn busy(&self) -> Option<f64> {
+        (self.cores > 0 && self.elapsed_s > 0.0)
+            .then(|| self.cpu_s / (self.elapsed_s * self.cores as f64))
+    }
+
+    /// What set the pace (`None` without input, or for a report that did not record it): the
+    /// CPU when the cores were kept busy or reading waited longer for the methods than they
+    /// for input, else the input. (Waits alone mislead on busy cores: reading then also waits
+    /// for a core, and the methods for it.)
+    pub fn pace(&self) -> Option<Pace> {
+        let (input, methods) = (self.waited_on_input_s, self.waited_on_methods_s);
+        let recorded = input + methods > 0.0;
+        if self.input_bytes == 0 || !recorded {
+            return None;
+        }
+        let busy = self.busy().is_some_and(|b| b >= BUSY);
+        Some(if busy || methods > input {
+            Pace::Cpu
+        } else {
+            Pace::Input
+        })
+    }
+
+    /// [`Report::pace`] in a few words: input-bound, CPU-bound, or bound by the slowest
+    /// method (the methods set the pace with cores to spare).
+    pub fn pace_label(&self) -> Option<&'static str> {
+        Some(match self.pace()? {
+            Pace::Input => "input-bound",
+            Pace::Cpu if self.busy().is_some_and(|b| b >= BUSY) => "CPU-bound",
+            Pace::Cpu => "bound by the slowest method",
+        })
+    }
+
+    /// [`Report::pace`] for people: what set it, the numbers that tell, and what would help.
+    pub fn pace_text(&self) -> Option<String> {
+        let label = self.pace_label()?;
+        let cores = match self.busy() {
+            Some(b) => format!("{:.0}% of {} cores busy", 100.0 * b, self.cores),
+            None => "cores not recorded".into(),
+        };
+        let detail = format!(
+            "{cores}, {:.1} CPU-s; the methods waited {:.1} s for input, reading {:.1} s for the methods",
+            self.cpu_s, self.waited_on_input_s, self.waited_on_methods_s
+        );
+        let advice = match label {
+            "input-bound" => "the analysis kept up with reading",
+            "CPU-bound" => "more cores, or fewer methods (--methods), would analyze faster",
+            _ => "its thread was the limit, so more cores would not help",
+        };
+        Some(format!("{label} ({detail}): {advice}"))
+    }
+
     /// A plain-text table of the global scope (and local where it differs), then the recommendation.
     pub fn to_text(&self) -> String {
         let mut s = String::new();
@@ -280,6 +380,9 @@ impl Report {
             self.images.len(),
             self.elapsed_s
         );
+        if let Some(pace) = self.pace_text() {
+            let _ = writeln!(s, "{pace}");
+        }
         let _ = writeln!(
             s,
             "{:<28} {:>11} {:>8} {:>8} {:>11} {:>9}",
@@ -318,6 +421,67 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A report of 2 s on 2 cores that took `cpu` CPU-seconds and waited so.
+    fn measured(cpu: f64, input: f64, methods: f64) -> Report {
+        let mut r = build(
+            Vec::new(),
+            Vec::new(),
+            &Options::default(),
+            1,
+            1,
+            false,
+            2.0,
+        );
+        r.input_bytes = 1 << 30;
+        r.set_pace(cpu, 2, Waits { input, methods });
+        r
+    }
+
+    #[test]
+    fn busy_cores_or_waiting_methods_make_it_cpu_bound_else_input_bound() {
+        let slow_disk = measured(1.0, 1.5, 0.1);
+        assert_eq!(slow_disk.pace(), Some(Pace::Input));
+        let text = slow_disk.pace_text().unwrap();
+        assert!(
+            text.starts_with("input-bound (25% of 2 cores busy, 1.0 CPU-s"),
+            "{text}"
+        );
+        assert!(text.contains("waited 1.5 s for input"), "{text}");
+        // Busy cores make reading wait for a core too: CPU-bound whatever the waits.
+        let busy = measured(3.6, 1.5, 0.4);
+        assert_eq!(busy.pace(), Some(Pace::Cpu));
+        assert!(busy
+            .pace_text()
+            .unwrap()
+            .starts_with("CPU-bound (90% of 2 cores"));
+        assert!(busy
+            .to_text()
+            .lines()
+            .nth(1)
+            .unwrap()
+            .starts_with("CPU-bound"));
+        let one_method = measured(1.2, 0.1, 1.5);
+        assert_eq!(one_method.pace(), Some(Pace::Cpu));
+        let text = one_method.pace_text().unwrap();
+        assert!(text.starts_with("bound by the slowest method"), "{text}");
+    }
+
+    #[test]
+    fn no_pace_without_input_or_from_a_report_that_did_not_record_it() {
+        let mut none = measured(1.0, 1.0, 0.0);
+        none.input_bytes = 0;
+        assert_eq!(none.pace(), None);
+        let old: Report = serde_json::from_str(
+            &serde_json::to_string(&measured(1.0, 1.0, 0.0))
+                .unwrap()
+                .replace("\"waited_on_input_s\"", "\"x\"")
+                .replace("\"waited_on_methods_s\"", "\"y\""),
+        )
+        .unwrap();
+        assert_eq!(old.pace(), None);
+        assert!(old.pace_text().is_none());
+    }
 
     #[test]
     fn a_changed_file_gets_a_warning_and_none_leaves_json_as_it_was() {

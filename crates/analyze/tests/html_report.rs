@@ -71,6 +71,10 @@ fn empty_report() -> Report {
         notes: vec![],
         warnings: vec![],
         elapsed_s: 0.0,
+        cpu_s: 0.0,
+        cores: 0,
+        waited_on_input_s: 0.0,
+        waited_on_methods_s: 0.0,
     }
 }
 
@@ -138,6 +142,12 @@ fn realistic_report_has_charts_recommendation_and_escaped_paths() {
         "escaped path"
     );
     assert!(h.contains("docs/it&#39;s.jsonl"), "escaped quote");
+    // What set the pace, with the numbers behind it.
+    assert!(
+        h.contains("<div class=\"k\">Pace</div><div class=\"v\">CPU-bound</div>"),
+        "pace card"
+    );
+    assert!(h.contains("93% of 2 cores busy, 54.2 CPU-s"), "pace detail");
     assert!(
         !h.contains("<new>") && !h.contains("& \"old\""),
         "raw path leaked"

@@ -333,6 +333,42 @@ fn a_pipe_of_unknown_size_is_analyzed_and_the_user_told_what_is_not_sized_for_it
 }
 
 #[test]
+fn a_slow_input_is_reported_as_what_set_the_pace() {
+    let tmp = tempdir();
+    let json = tmp.join("r.json");
+    let mut child = dedupwire()
+        .args(["analyze", "--methods", "zstd,cdc-4KiB", "--json"])
+        .arg(&json)
+        .arg("/dev/stdin")
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    for k in 0..6u32 {
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        let piece: Vec<u8> = (0..1u32 << 20).map(|i| ((i ^ k) % 251) as u8).collect();
+        std::io::Write::write_all(&mut stdin, &piece).unwrap();
+    }
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert_succeeded(&out);
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let (input, methods) = (
+        r["waited_on_input_s"].as_f64().unwrap(),
+        r["waited_on_methods_s"].as_f64().unwrap(),
+    );
+    assert!(input >= 1.0 && methods < input, "{input} {methods}");
+    assert!(r["cpu_s"].as_f64().unwrap() > 0.0 && r["cores"].as_u64().unwrap() >= 1);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.lines().nth(1).unwrap().starts_with("input-bound"),
+        "{text}"
+    );
+}
+
+#[test]
 fn a_report_that_could_not_be_written_fails_the_run_before_it_reads_anything() {
     let tmp = tempdir();
     // A FIFO nobody writes: reading it would wait forever, so only a check made before
