@@ -255,8 +255,8 @@ fn header(h: &mut String, r: &Report) {
         &fmt_secs(r.elapsed_s),
         "wall time of the analysis",
     );
-    if let (Some(label), Some(text)) = (r.pace_label(), r.pace_text()) {
-        card(h, "Pace", label, &text);
+    if let (Some(pace), Some(text)) = (r.pace(), r.pace_text()) {
+        card(h, "Pace", pace.label(), &text);
     }
     h.push_str("</div>\n");
     h.push_str("<table class=\"images\">\n<thead><tr><th>Image</th><th>Kind</th><th class=\"num\">Files</th><th class=\"num\">Bytes</th><th class=\"num\">Items</th></tr></thead>\n<tbody>\n");

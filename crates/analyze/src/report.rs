@@ -116,8 +116,30 @@ const BUSY: f64 = 0.85;
 pub enum Pace {
     /// The methods kept up with reading: the analysis ran at the speed of its input.
     Input,
-    /// The methods: the cores were kept busy, or reading waited for the slowest method.
+    /// The cores were kept busy: more cores, or fewer methods, would be faster.
     Cpu,
+    /// Reading waited for the methods with cores to spare: one method's thread was the limit.
+    SlowestMethod,
+}
+
+impl Pace {
+    /// The pace in a few words.
+    pub fn label(self) -> &'static str {
+        match self {
+            Pace::Input => "input-bound",
+            Pace::Cpu => "CPU-bound",
+            Pace::SlowestMethod => "bound by the slowest method",
+        }
+    }
+
+    /// What would make an analysis of this pace faster, if anything.
+    fn advice(self) -> &'static str {
+        match self {
+            Pace::Input => "the analysis kept up with reading",
+            Pace::Cpu => "more cores, or fewer methods (--methods), would analyze faster",
+            Pace::SlowestMethod => "its thread was the limit, so more cores would not help",
+        }
+    }
 }
 
 pub(crate) fn build(
@@ -322,51 +344,40 @@ impl Report {
             .then(|| self.cpu_s / (self.elapsed_s * self.cores as f64))
     }
 
-    /// What set the pace (`None` without input, or for a report that did not record it): the
-    /// CPU when the cores were kept busy or reading waited longer for the methods than they
-    /// for input, else the input. (Waits alone mislead on busy cores: reading then also waits
-    /// for a core, and the methods for it.)
+    /// What set the pace (`None` without input, or for a report that did not record it):
+    /// the CPU when the cores were kept busy, else the slowest method when reading waited
+    /// longer for the methods than they for input, else the input. (Waits alone mislead on
+    /// busy cores: reading then also waits for a core.)
     pub fn pace(&self) -> Option<Pace> {
         let (input, methods) = (self.waited_on_input_s, self.waited_on_methods_s);
         let recorded = input + methods > 0.0;
         if self.input_bytes == 0 || !recorded {
             return None;
         }
-        let busy = self.busy().is_some_and(|b| b >= BUSY);
-        Some(if busy || methods > input {
+        Some(if self.busy().is_some_and(|b| b >= BUSY) {
             Pace::Cpu
+        } else if methods > input {
+            Pace::SlowestMethod
         } else {
             Pace::Input
         })
     }
 
-    /// [`Report::pace`] in a few words: input-bound, CPU-bound, or bound by the slowest
-    /// method (the methods set the pace with cores to spare).
-    pub fn pace_label(&self) -> Option<&'static str> {
-        Some(match self.pace()? {
-            Pace::Input => "input-bound",
-            Pace::Cpu if self.busy().is_some_and(|b| b >= BUSY) => "CPU-bound",
-            Pace::Cpu => "bound by the slowest method",
-        })
-    }
-
     /// [`Report::pace`] for people: what set it, the numbers that tell, and what would help.
     pub fn pace_text(&self) -> Option<String> {
-        let label = self.pace_label()?;
+        let pace = self.pace()?;
         let cores = match self.busy() {
             Some(b) => format!("{:.0}% of {} cores busy", 100.0 * b, self.cores),
             None => "cores not recorded".into(),
         };
-        let detail = format!(
-            "{cores}, {:.1} CPU-s; the methods waited {:.1} s for input, reading {:.1} s for the methods",
-            self.cpu_s, self.waited_on_input_s, self.waited_on_methods_s
-        );
-        let advice = match label {
-            "input-bound" => "the analysis kept up with reading",
-            "CPU-bound" => "more cores, or fewer methods (--methods), would analyze faster",
-            _ => "its thread was the limit, so more cores would not help",
-        };
-        Some(format!("{label} ({detail}): {advice}"))
+        Some(format!(
+            "{} ({cores}, {:.1} CPU-s; the methods waited {:.1} s for input, reading {:.1} s for the methods): {}",
+            pace.label(),
+            self.cpu_s,
+            self.waited_on_input_s,
+            self.waited_on_methods_s,
+            pace.advice()
+        ))
     }
 
     /// A plain-text table of the global scope (and local where it differs), then the recommendation.
@@ -462,7 +473,7 @@ mod tests {
             .unwrap()
             .starts_with("CPU-bound"));
         let one_method = measured(1.2, 0.1, 1.5);
-        assert_eq!(one_method.pace(), Some(Pace::Cpu));
+        assert_eq!(one_method.pace(), Some(Pace::SlowestMethod));
         let text = one_method.pace_text().unwrap();
         assert!(text.starts_with("bound by the slowest method"), "{text}");
     }
