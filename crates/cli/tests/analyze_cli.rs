@@ -299,21 +299,27 @@ fn files_and_directories_the_user_may_not_read_are_left_out_with_a_warning() {
     std::fs::set_permissions(tree.join("closed"), std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
+/// `dedupwire analyze` of zstd and 4 KiB chunks over what the test writes to its stdin, with
+/// `extra` options and the report to `json`; every stream piped.
+fn analyze_stdin(extra: &[&str], json: &Path) -> std::process::Child {
+    dedupwire()
+        .args(["analyze", "--methods", "zstd,cdc-4KiB", "--json"])
+        .arg(json)
+        .args(extra)
+        .arg("/dev/stdin")
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 #[test]
 fn a_pipe_of_unknown_size_is_analyzed_and_the_user_told_what_is_not_sized_for_it() {
     let tmp = tempdir();
     let json = tmp.join("r.json");
     let run = |extra: &[&str]| {
-        let mut child = dedupwire()
-            .args(["analyze", "-q", "--methods", "zstd,cdc-4KiB", "--json"])
-            .arg(&json)
-            .args(extra)
-            .arg("/dev/stdin")
-            .stdin(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = analyze_stdin(&[&["-q"], extra].concat(), &json);
         let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
         std::io::Write::write_all(&mut child.stdin.take().unwrap(), &data).unwrap();
         let out = child.wait_with_output().unwrap();
@@ -336,15 +342,7 @@ fn a_pipe_of_unknown_size_is_analyzed_and_the_user_told_what_is_not_sized_for_it
 fn a_slow_input_is_reported_as_what_set_the_pace() {
     let tmp = tempdir();
     let json = tmp.join("r.json");
-    let mut child = dedupwire()
-        .args(["analyze", "--methods", "zstd,cdc-4KiB", "--json"])
-        .arg(&json)
-        .arg("/dev/stdin")
-        .stdin(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = analyze_stdin(&[], &json);
     let mut stdin = child.stdin.take().unwrap();
     for k in 0..6u32 {
         std::thread::sleep(std::time::Duration::from_millis(250));
