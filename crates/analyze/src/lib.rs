@@ -146,7 +146,7 @@ pub fn analyze(
         ));
     }
     let started = Instant::now();
-    let cpu_started = cpu::process_cpu_seconds();
+    let (cpu_started, ticks_started) = (cpu::process_cpu_seconds(), cpu::machine_ticks());
     keep_buffers_in_heap();
     let images = input::scan(paths)?;
     let documents = images.iter().any(|i| i.kind == input::ItemKind::Document);
@@ -249,6 +249,7 @@ pub fn analyze(
     report.set_pace(
         cpu::process_cpu_seconds() - cpu_started,
         parallel::cores(),
+        cpu::machine_busy(ticks_started, cpu::machine_ticks()),
         waits,
     );
     report.warnings = report::warnings(&changed, report.input_bytes, report.items);

@@ -90,6 +90,10 @@ pub struct Report {
     /// Cores the analysis could use.
     #[serde(default)]
     pub cores: u64,
+    /// The share of the whole machine's CPU time that was busy meanwhile, with this analysis
+    /// or other work (absent where the system does not tell).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine_busy: Option<f64>,
     /// Seconds the methods had no input to work on: reading (the disk, a pipe) had not
     /// delivered the next batch.
     #[serde(default)]
@@ -206,6 +210,7 @@ pub(crate) fn build(
         elapsed_s,
         cpu_s: 0.0,
         cores: 0,
+        machine_busy: None,
         waited_on_input_s: 0.0,
         waited_on_methods_s: 0.0,
     }
@@ -329,11 +334,18 @@ pub fn human_bytes(n: u64) -> String {
 }
 
 impl Report {
-    /// Records the CPU the analysis took on `cores` cores and how long reading and the
-    /// methods waited for each other.
-    pub(crate) fn set_pace(&mut self, cpu_s: f64, cores: usize, waits: Waits) {
+    /// Records the CPU the analysis took on `cores` cores, how busy the whole machine was
+    /// meanwhile, and how long reading and the methods waited for each other.
+    pub(crate) fn set_pace(
+        &mut self,
+        cpu_s: f64,
+        cores: usize,
+        machine_busy: Option<f64>,
+        waits: Waits,
+    ) {
         self.cpu_s = cpu_s;
         self.cores = cores as u64;
+        self.machine_busy = machine_busy;
         self.waited_on_input_s = waits.input;
         self.waited_on_methods_s = waits.methods;
     }
@@ -345,16 +357,18 @@ impl Report {
     }
 
     /// What set the pace (`None` without input, or for a report that did not record it):
-    /// the CPU when the cores were kept busy, else the slowest method when reading waited
-    /// longer for the methods than they for input, else the input. (Waits alone mislead on
-    /// busy cores: reading then also waits for a core.)
+    /// the CPU when the cores were kept busy (by the analysis, or by it and other work), else
+    /// the slowest method when reading waited longer for the methods than they for input,
+    /// else the input. (Waits alone mislead on busy cores: reading then also waits for a core.)
     pub fn pace(&self) -> Option<Pace> {
         let (input, methods) = (self.waited_on_input_s, self.waited_on_methods_s);
         let recorded = input + methods > 0.0;
         if self.input_bytes == 0 || !recorded {
             return None;
         }
-        Some(if self.busy().is_some_and(|b| b >= BUSY) {
+        let cores_busy =
+            self.busy().is_some_and(|b| b >= BUSY) || self.machine_busy.is_some_and(|b| b >= BUSY);
+        Some(if cores_busy {
             Pace::Cpu
         } else if methods > input {
             Pace::SlowestMethod
@@ -366,10 +380,17 @@ impl Report {
     /// [`Report::pace`] for people: what set it, the numbers that tell, and what would help.
     pub fn pace_text(&self) -> Option<String> {
         let pace = self.pace()?;
-        let cores = match self.busy() {
+        let mut cores = match self.busy() {
             Some(b) => format!("{:.0}% of {} cores busy", 100.0 * b, self.cores),
             None => "cores not recorded".into(),
         };
+        if let Some(m) = self.machine_busy {
+            let _ = write!(
+                cores,
+                " with the analysis, {:.0}% counting other work",
+                100.0 * m
+            );
+        }
         Some(format!(
             "{} ({cores}, {:.1} CPU-s; the methods waited {:.1} s for input, reading {:.1} s for the methods): {}",
             pace.label(),
@@ -445,7 +466,7 @@ mod tests {
             2.0,
         );
         r.input_bytes = 1 << 30;
-        r.set_pace(cpu, 2, Waits { input, methods });
+        r.set_pace(cpu, 2, None, Waits { input, methods });
         r
     }
 
@@ -472,8 +493,19 @@ mod tests {
             .nth(1)
             .unwrap()
             .starts_with("CPU-bound"));
-        let one_method = measured(1.2, 0.1, 1.5);
+        let mut one_method = measured(1.2, 0.1, 1.5);
         assert_eq!(one_method.pace(), Some(Pace::SlowestMethod));
+        // Other work took the cores the analysis left: CPU-bound all the same.
+        one_method.machine_busy = Some(0.97);
+        assert_eq!(one_method.pace(), Some(Pace::Cpu));
+        let text = one_method.pace_text().unwrap();
+        assert!(
+            text.starts_with(
+                "CPU-bound (30% of 2 cores busy with the analysis, 97% counting other work"
+            ),
+            "{text}"
+        );
+        one_method.machine_busy = Some(0.5);
         let text = one_method.pace_text().unwrap();
         assert!(text.starts_with("bound by the slowest method"), "{text}");
     }

@@ -73,6 +73,7 @@ fn empty_report() -> Report {
         elapsed_s: 0.0,
         cpu_s: 0.0,
         cores: 0,
+        machine_busy: None,
         waited_on_input_s: 0.0,
         waited_on_methods_s: 0.0,
     }
