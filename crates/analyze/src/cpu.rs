@@ -1,4 +1,4 @@
-//! CPU time: per thread, so each method is charged for its own work only, and for the whole process.
+//! CPU time: per thread, so each method is charged for its own work only; for the whole process; and the machine's busy share.
 
 /// CPU seconds this thread has used so far.
 pub fn thread_cpu_seconds() -> f64 {
