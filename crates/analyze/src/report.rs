@@ -357,24 +357,27 @@ impl Report {
     }
 
     /// What set the pace (`None` without input, or for a report that did not record it):
-    /// the CPU when the cores were kept busy (by the analysis, or by it and other work), else
-    /// the slowest method when reading waited longer for the methods than they for input,
-    /// else the input. (Waits alone mislead on busy cores: reading then also waits for a core.)
+    /// the CPU when the analysis kept the cores busy; else, when reading waited longer for
+    /// the methods than they for input, the CPU if other work took the rest of the cores and
+    /// the slowest method if not; else the input. (Waits alone mislead on busy cores: reading
+    /// then also waits for a core.)
     pub fn pace(&self) -> Option<Pace> {
         let (input, methods) = (self.waited_on_input_s, self.waited_on_methods_s);
         let recorded = input + methods > 0.0;
         if self.input_bytes == 0 || !recorded {
             return None;
         }
-        let cores_busy =
-            self.busy().is_some_and(|b| b >= BUSY) || self.machine_busy.is_some_and(|b| b >= BUSY);
-        Some(if cores_busy {
-            Pace::Cpu
-        } else if methods > input {
-            Pace::SlowestMethod
-        } else {
-            Pace::Input
-        })
+        let busy = |share: Option<f64>| share.is_some_and(|b| b >= BUSY);
+        let waited_for_methods = methods > input;
+        Some(
+            if busy(self.busy()) || (waited_for_methods && busy(self.machine_busy)) {
+                Pace::Cpu
+            } else if waited_for_methods {
+                Pace::SlowestMethod
+            } else {
+                Pace::Input
+            },
+        )
     }
 
     /// [`Report::pace`] for people: what set it, the numbers that tell, and what would help.
@@ -508,6 +511,10 @@ mod tests {
         one_method.machine_busy = Some(0.5);
         let text = one_method.pace_text().unwrap();
         assert!(text.starts_with("bound by the slowest method"), "{text}");
+        // Methods that waited for input were not slowed by other work, however busy.
+        let mut slow_disk = measured(0.3, 1.5, 0.1);
+        slow_disk.machine_busy = Some(1.0);
+        assert_eq!(slow_disk.pace(), Some(Pace::Input));
     }
 
     #[test]
