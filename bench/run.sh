@@ -134,6 +134,8 @@ print(f"  dedupwire analyze: {ana:.0f} MB/s median of {[round(x) for x in runs]}
 # disk, this is faster than `cat`, whose page-cache work is CPU of its own.
 print(f"  device read around the cache (dd iflag=direct bs=4M): {dev:.0f} MB/s median of "
       f"{[round(x) for x in direct]}  (analysis {ana / dev:.2f} x)")
+print(f"  the last round's pace: {r['cpu_s'] / (r['elapsed_s'] * r['cores']):.0%} of {r['cores']} cores busy; "
+      f"the methods waited {r['waited_on_input_s']:.1f} s for input, reading {r['waited_on_methods_s']:.1f} s for them")
 ratios = [a / c for a, c in zip(runs, reads)]
 print(f"  each round's ratio: median {statistics.median(ratios):.2f} of {[round(x, 2) for x in ratios]}")
 if os.environ.get("ONE"):
@@ -197,6 +199,8 @@ print(f"analyze-trees: {mb:.0f} MB in {r['items']} files, {len(r['images'])} tre
 print(f"  cold read, in order (tar | cat): {s:.0f} MB/s median of {[round(x) for x in seq]}")
 print(f"  cold read, 8 at once (xargs -P 8 cat): {p:.0f} MB/s median of {[round(x) for x in par]}")
 print(f"  dedupwire analyze: {a:.0f} MB/s median of {[round(x) for x in ana]}  = {a / s:.2f} x in-order read, {a / p:.2f} x parallel read")
+print(f"  the last round's pace: {r['cpu_s'] / (r['elapsed_s'] * r['cores']):.0%} of {r['cores']} cores busy; "
+      f"the methods waited {r['waited_on_input_s']:.1f} s for input, reading {r['waited_on_methods_s']:.1f} s for them")
 PY
       ;;
     *) echo "unknown benchmark $b" >&2; exit 2 ;;
