@@ -337,20 +337,55 @@ enum Fetch {
 /// Reads the file at `path`, listed with `size` bytes, into `buf` around the page cache if
 /// it is not cached and `direct` reads are still tried; otherwise asks for its pages.
 fn fetch(path: &std::path::Path, size: u64, buf: Vec<u8>, direct: bool) -> Fetch {
-    let Ok(file) = open(path) else {
-        return Fetch::Left(buf, false);
+    let file = match open_uncached(path, size, direct) {
+        Ok(file) => file,
+        Err(refused) => return Fetch::Left(buf, refused),
     };
-    if !direct || cached_fraction(&file, size) >= 0.5 {
-        will_need(&file, size);
-        return Fetch::Left(buf, false);
-    }
-    if crate::direct::set_direct(&file, true).is_err() {
-        will_need(&file, size);
-        return Fetch::Left(buf, true);
-    }
     match read_direct(&file, size, buf) {
         Ok(f) => Fetch::Read(f),
         Err((buf, refused)) => Fetch::Left(buf, refused),
+    }
+}
+
+/// The file at `path` (listed with `size` bytes) opened for a direct read, if `direct` reads
+/// are still tried and it is not mostly cached. Otherwise its pages are asked for (where it
+/// opens) and it is left to the reader: the error says whether `O_DIRECT` was refused.
+fn open_uncached(path: &std::path::Path, size: u64, direct: bool) -> Result<File, bool> {
+    let mut refused = false;
+    if direct {
+        match open_direct(path) {
+            Ok(file) if cached_fraction(&file, size) < 0.5 => return Ok(file),
+            Ok(file) => {
+                will_need(&file, size);
+                return Err(false);
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => refused = true,
+            Err(_) => return Err(false),
+        }
+    }
+    if let Ok(file) = open(path) {
+        will_need(&file, size);
+    }
+    Err(refused)
+}
+
+/// Opens `path` for direct reads without waiting, as [`open`] does (`EINVAL` where the
+/// filesystem or the system has no direct reads).
+fn open_direct(path: &std::path::Path) -> io::Result<File> {
+    #[cfg(target_os = "linux")]
+    {
+        let mut options = std::fs::OpenOptions::new();
+        options.read(true);
+        std::os::unix::fs::OpenOptionsExt::custom_flags(
+            &mut options,
+            libc::O_NONBLOCK | libc::O_DIRECT,
+        );
+        options.open(path)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = path;
+        Err(io::Error::from_raw_os_error(libc::EINVAL))
     }
 }
 
@@ -612,9 +647,8 @@ mod ring {
         }
     }
 
-    /// Opens file `n` at `path` (listed with `size` bytes) for a direct read into `buf`,
-    /// unless it is mostly cached or direct reads are off: then it is only asked for and left
-    /// to the reader, as [`fetch`] does.
+    /// Opens file `n` at `path` (listed with `size` bytes) for a direct read into `buf`, or
+    /// leaves it to the reader as [`fetch`] does.
     fn begin(
         path: &std::path::Path,
         n: usize,
@@ -622,24 +656,10 @@ mod ring {
         buf: Vec<u8>,
         direct: bool,
     ) -> Result<Flight, Fetch> {
-        let asked = |buf, refused| {
-            if let Ok(file) = open(path) {
-                will_need(&file, size);
-            }
-            Fetch::Left(buf, refused)
-        };
-        if !direct {
-            return Err(asked(buf, false));
-        }
-        let file = match open_direct(path) {
+        let file = match open_uncached(path, size, direct) {
             Ok(file) => file,
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Err(asked(buf, true)),
-            Err(_) => return Err(Fetch::Left(buf, false)),
+            Err(refused) => return Err(Fetch::Left(buf, refused)),
         };
-        if cached_fraction(&file, size) >= 0.5 {
-            will_need(&file, size);
-            return Err(Fetch::Left(buf, false));
-        }
         let (buf, skew, cap) = direct_buffer(size, buf);
         Ok(Flight {
             n,
@@ -679,17 +699,6 @@ mod ring {
             skew,
             taken: 0,
         })
-    }
-
-    /// Opens `path` for direct reads without waiting, as [`open`] does.
-    fn open_direct(path: &std::path::Path) -> io::Result<File> {
-        let mut options = std::fs::OpenOptions::new();
-        options.read(true);
-        std::os::unix::fs::OpenOptionsExt::custom_flags(
-            &mut options,
-            libc::O_NONBLOCK | libc::O_DIRECT,
-        );
-        options.open(path)
     }
 }
 
