@@ -115,6 +115,11 @@ pub(crate) struct Waits {
 /// the default analysis of the benchmark's images and trees keeps two cores 90–94% busy.
 const BUSY: f64 = 0.85;
 
+/// Seconds an analysis must run for its pace to be told: a shorter one is mostly starting
+/// threads and measuring this machine's hashing, and a 27-byte file was called CPU-bound
+/// ("more cores would analyze faster") when the machine was busy with other work.
+const PACE_MIN_S: f64 = 1.0;
+
 /// What set an analysis' pace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pace {
@@ -356,7 +361,8 @@ impl Report {
             .then(|| self.cpu_s / (self.elapsed_s * self.cores as f64))
     }
 
-    /// What set the pace (`None` without input, or for a report that did not record it):
+    /// What set the pace (`None` without input, for a run under [`PACE_MIN_S`], or for a
+    /// report that did not record it):
     /// the CPU when the analysis kept the cores busy; else, when reading waited longer for
     /// the methods than they for input, the CPU if other work took the rest of the cores and
     /// the slowest method if not; else the input. (Waits alone mislead on busy cores: reading
@@ -364,7 +370,7 @@ impl Report {
     pub fn pace(&self) -> Option<Pace> {
         let (input, methods) = (self.waited_on_input_s, self.waited_on_methods_s);
         let recorded = input + methods > 0.0;
-        if self.input_bytes == 0 || !recorded {
+        if self.input_bytes == 0 || !recorded || self.elapsed_s < PACE_MIN_S {
             return None;
         }
         let busy = |share: Option<f64>| share.is_some_and(|b| b >= BUSY);
@@ -518,10 +524,23 @@ mod tests {
     }
 
     #[test]
-    fn no_pace_without_input_or_from_a_report_that_did_not_record_it() {
+    fn no_pace_without_input_for_a_short_run_or_from_a_report_that_did_not_record_it() {
         let mut none = measured(1.0, 1.0, 0.0);
         none.input_bytes = 0;
         assert_eq!(none.pace(), None);
+        let mut short = measured(0.3, 0.0, 0.1);
+        short.machine_busy = Some(1.0);
+        assert_eq!(short.pace(), Some(Pace::Cpu));
+        short.elapsed_s = 0.2;
+        assert_eq!(short.pace(), None);
+        assert_eq!(
+            short
+                .to_text()
+                .lines()
+                .nth(1)
+                .map(|l| l.starts_with("method")),
+            Some(true)
+        );
         let old: Report = serde_json::from_str(
             &serde_json::to_string(&measured(1.0, 1.0, 0.0))
                 .unwrap()
