@@ -13,8 +13,12 @@ use crate::{Change, ChangeSource, Op};
 const OPLOG_DATABASE: &str = "local";
 const OPLOG_COLLECTION: &str = "oplog.rs";
 
-/// Failed `getMore`s in a row, each followed by reopening the cursor, that a read survives.
+/// Failed `getMore`s in a row, each followed by reopening the cursor, that a read survives;
+/// reopens the server refused count too.
 const GET_MORE_RETRIES: u32 = 3;
+
+/// The pause before the n-th reopen after the server refused one: n times this.
+const REOPEN_PAUSE: Duration = Duration::from_millis(100);
 
 /// How a [`MongoSource`] is set up.
 #[derive(Debug, Clone)]
@@ -62,6 +66,12 @@ pub struct MongoSource {
     read: Option<u64>,
     /// Changes read, not yet acknowledged, in order.
     pending: VecDeque<Change>,
+}
+
+/// Whether `e` is the server's answer to a command: it is up, and may answer a second try.
+fn server_refused(e: &MongoError) -> bool {
+    matches!(e, MongoError::Command { source, .. }
+        if matches!(*source.kind, mongodb::error::ErrorKind::Command(_)))
 }
 
 impl std::fmt::Debug for MongoSource {
@@ -206,13 +216,25 @@ impl MongoSource {
     /// Reads until `want` changes are pending or the oplog has nothing new. A cursor that
     /// dies under it (a restarted server, a `getMore` the server interrupted when its wait ran
     /// out, as FerretDB does) is reopened after the last entry read, which loses and repeats
-    /// nothing; only [`GET_MORE_RETRIES`] failures in a row, or a failure to reopen, fail.
+    /// nothing. A reopen the server refused is tried again after a pause: FerretDB on a
+    /// loaded machine interrupted the query for the oldest entry ("InternalError …
+    /// interrupted"), and that ended a live replication. Only [`GET_MORE_RETRIES`] failures
+    /// in a row fail, or a reopen the server did not answer (it is gone: trying again would
+    /// wait out the driver's server selection once more).
     fn read_more(&mut self, want: usize) -> Result<(), MongoError> {
         let mut failures = 0;
         while self.pending.len() < want {
             let room = (want - self.pending.len()).clamp(1, self.config.batch_size.max(1) as usize);
             let batch = match self.cursor {
-                None => self.open(room as u32)?,
+                None => match self.open(room as u32) {
+                    Ok(batch) => batch,
+                    Err(e) if failures < GET_MORE_RETRIES && server_refused(&e) => {
+                        failures += 1;
+                        std::thread::sleep(REOPEN_PAUSE * failures);
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                },
                 Some(id) => {
                     let wait = if self.pending.is_empty() {
                         self.config.idle_wait
@@ -335,5 +357,37 @@ impl MongoSource {
 impl Drop for MongoSource {
     fn drop(&mut self) {
         self.kill_cursor();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mongodb::error::{CommandError, Error, ErrorKind};
+
+    fn command_failed(code: i32, name: &str) -> MongoError {
+        let reply: CommandError = mongodb::bson::from_document(
+            doc! {"code": code, "codeName": name, "errmsg": "interrupted (9)"},
+        )
+        .unwrap();
+        command_err("reading the oldest oplog entry")(Error::from(ErrorKind::Command(reply)))
+    }
+
+    #[test]
+    fn only_a_command_the_server_refused_is_tried_again() {
+        assert!(server_refused(&command_failed(1, "InternalError")));
+        assert!(server_refused(&command_failed(50, "MaxTimeMSExpired")));
+        let gone = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert!(!server_refused(&command_err(
+            "opening a tailable cursor on the oplog"
+        )(Error::from(ErrorKind::Io(
+            std::sync::Arc::new(gone)
+        )))));
+        assert!(!server_refused(&MongoError::Setup(
+            "the oplog has rolled past position 7".into()
+        )));
+        assert!(!server_refused(&MongoError::Reply(
+            "a cursor reply without `cursor`".into()
+        )));
     }
 }
