@@ -121,6 +121,16 @@ pub enum MongoError {
     },
 }
 
+/// Whether `e` is the server's answer to a command: it is up, and may answer a second try
+/// (FerretDB on a loaded machine interrupts queries: "InternalError … interrupted").
+pub(crate) fn server_refused(e: &MongoError) -> bool {
+    matches!(e, MongoError::Command { source, .. }
+        if matches!(*source.kind, mongodb::error::ErrorKind::Command(_)))
+}
+
+/// The pause before the n-th try of a command the server refused: n times this.
+pub(crate) const RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Shorthand for a failed command.
 pub(crate) fn command_err(
     context: impl Into<String>,
@@ -210,6 +220,34 @@ pub(crate) fn split_ns(ns: &str) -> Option<(&str, &str)> {
 
 #[cfg(test)]
 mod tests {
+    use mongodb::error::{CommandError, Error, ErrorKind};
+
+    fn command_failed(code: i32, name: &str) -> MongoError {
+        let reply: CommandError = mongodb::bson::from_document(
+            mongodb::bson::doc! {"code": code, "codeName": name, "errmsg": "interrupted (9)"},
+        )
+        .unwrap();
+        command_err("reading the oldest oplog entry")(Error::from(ErrorKind::Command(reply)))
+    }
+
+    #[test]
+    fn only_a_command_the_server_refused_is_tried_again() {
+        assert!(server_refused(&command_failed(1, "InternalError")));
+        assert!(server_refused(&command_failed(50, "MaxTimeMSExpired")));
+        let gone = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert!(!server_refused(&command_err(
+            "opening a tailable cursor on the oplog"
+        )(Error::from(ErrorKind::Io(
+            std::sync::Arc::new(gone)
+        )))));
+        assert!(!server_refused(&MongoError::Setup(
+            "the oplog has rolled past position 7".into()
+        )));
+        assert!(!server_refused(&MongoError::Reply(
+            "a cursor reply without `cursor`".into()
+        )));
+    }
+
     use super::*;
     use mongodb::bson::{doc, oid::ObjectId, DateTime};
 

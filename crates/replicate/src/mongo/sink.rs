@@ -6,7 +6,10 @@ use std::collections::HashMap;
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::sync::{Client, Collection, Database};
 
-use super::{command_err, connect, doc_text, parse_doc, parse_id, split_ns, MongoError};
+use super::{
+    command_err, connect, doc_text, parse_doc, parse_id, server_refused, split_ns, MongoError,
+    RETRY_PAUSE,
+};
 use crate::{Change, ChangeSink, Op};
 
 /// The database of the position collection on the replica.
@@ -103,6 +106,9 @@ fn validate(changes: &[Change]) -> Result<Vec<Write>, MongoError> {
     Ok(writes)
 }
 
+/// Tries of a batch the server refused (see [`MongoSink`]'s `apply`).
+const APPLY_TRIES: u32 = 3;
+
 impl MongoSink {
     /// Connects to the replica (`url`: `mongodb://host:port/`); `stream` keys its position.
     pub fn connect(url: &str, stream: &str) -> Result<Self, MongoError> {
@@ -134,6 +140,45 @@ impl MongoSink {
             (_, Some(error)) => Err(failed(error)),
             _ => Ok(()),
         }
+    }
+
+    /// [`ChangeSink::apply`], once.
+    fn apply_once(&mut self, changes: &[Change]) -> Result<(), MongoError> {
+        let writes = validate(changes)?;
+        let stored = self.applied_position()?;
+        let fresh: Vec<(&Change, &Write)> = changes
+            .iter()
+            .zip(&writes)
+            .filter(|(c, _)| stored.is_none_or(|s| c.pos > s))
+            .collect();
+        let Some(last) = fresh.last().map(|(c, _)| c.pos) else {
+            return Ok(());
+        };
+        let mut order: Vec<(&str, &str)> = Vec::new();
+        let mut finals: HashMap<(&str, &str), HashMap<&str, Final>> = HashMap::new();
+        for (c, w) in &fresh {
+            let key = (w.db.as_str(), w.coll.as_str());
+            finals
+                .entry(key)
+                .or_insert_with(|| {
+                    order.push(key);
+                    HashMap::new()
+                })
+                .insert(c.id.as_str(), (&w.id, w.doc.as_ref()));
+        }
+        for key in order {
+            let docs: Vec<Final> = finals[&key].values().copied().collect();
+            self.apply_collection(key.0, key.1, &docs)?;
+        }
+        self.positions
+            .replace_one(
+                doc! {"_id": &self.stream},
+                doc! {"_id": &self.stream, "pos": last as i64},
+            )
+            .upsert(true)
+            .run()
+            .map_err(command_err("recording the applied position"))?;
+        Ok(())
     }
 
     /// Upserts and deletes the final states of one collection, a few commands' worth at a time.
@@ -199,43 +244,20 @@ impl ChangeSink for MongoSink {
 
     /// Skips changes at or before the recorded position, writes the final state of every
     /// document the rest touch (distinct documents, so their order does not matter), then
-    /// records the last position.
+    /// records the last position. A batch the server refused is applied again after a pause,
+    /// up to [`APPLY_TRIES`] times: writing final states and then the position makes a second
+    /// apply of the same batch harmless.
     fn apply(&mut self, changes: &[Change]) -> Result<(), MongoError> {
-        let writes = validate(changes)?;
-        let stored = self.applied_position()?;
-        let fresh: Vec<(&Change, &Write)> = changes
-            .iter()
-            .zip(&writes)
-            .filter(|(c, _)| stored.is_none_or(|s| c.pos > s))
-            .collect();
-        let Some(last) = fresh.last().map(|(c, _)| c.pos) else {
-            return Ok(());
-        };
-        let mut order: Vec<(&str, &str)> = Vec::new();
-        let mut finals: HashMap<(&str, &str), HashMap<&str, Final>> = HashMap::new();
-        for (c, w) in &fresh {
-            let key = (w.db.as_str(), w.coll.as_str());
-            finals
-                .entry(key)
-                .or_insert_with(|| {
-                    order.push(key);
-                    HashMap::new()
-                })
-                .insert(c.id.as_str(), (&w.id, w.doc.as_ref()));
+        let mut tries = 1;
+        loop {
+            match self.apply_once(changes) {
+                Err(e) if tries < APPLY_TRIES && server_refused(&e) => {
+                    std::thread::sleep(RETRY_PAUSE * tries);
+                    tries += 1;
+                }
+                done => return done,
+            }
         }
-        for key in order {
-            let docs: Vec<Final> = finals[&key].values().copied().collect();
-            self.apply_collection(key.0, key.1, &docs)?;
-        }
-        self.positions
-            .replace_one(
-                doc! {"_id": &self.stream},
-                doc! {"_id": &self.stream, "pos": last as i64},
-            )
-            .upsert(true)
-            .run()
-            .map_err(command_err("recording the applied position"))?;
-        Ok(())
     }
 
     fn get(&mut self, collection: &str, id: &str) -> Result<Option<Vec<u8>>, MongoError> {

@@ -7,7 +7,9 @@ use mongodb::bson::{doc, Bson, Document};
 use mongodb::sync::{Client, ClientSession};
 
 use super::oplog::{map_entry, Mapped};
-use super::{command_err, connect, doc_text, id_text, pos_to_ts, MongoError};
+use super::{
+    command_err, connect, doc_text, id_text, pos_to_ts, server_refused, MongoError, RETRY_PAUSE,
+};
 use crate::{Change, ChangeSource, Op};
 
 const OPLOG_DATABASE: &str = "local";
@@ -16,9 +18,6 @@ const OPLOG_COLLECTION: &str = "oplog.rs";
 /// Failed `getMore`s in a row, each followed by reopening the cursor, that a read survives;
 /// reopens the server refused count too.
 const GET_MORE_RETRIES: u32 = 3;
-
-/// The pause before the n-th reopen after the server refused one: n times this.
-const REOPEN_PAUSE: Duration = Duration::from_millis(100);
 
 /// How a [`MongoSource`] is set up.
 #[derive(Debug, Clone)]
@@ -66,12 +65,6 @@ pub struct MongoSource {
     read: Option<u64>,
     /// Changes read, not yet acknowledged, in order.
     pending: VecDeque<Change>,
-}
-
-/// Whether `e` is the server's answer to a command: it is up, and may answer a second try.
-fn server_refused(e: &MongoError) -> bool {
-    matches!(e, MongoError::Command { source, .. }
-        if matches!(*source.kind, mongodb::error::ErrorKind::Command(_)))
 }
 
 impl std::fmt::Debug for MongoSource {
@@ -230,7 +223,7 @@ impl MongoSource {
                     Ok(batch) => batch,
                     Err(e) if failures < GET_MORE_RETRIES && server_refused(&e) => {
                         failures += 1;
-                        std::thread::sleep(REOPEN_PAUSE * failures);
+                        std::thread::sleep(RETRY_PAUSE * failures);
                         continue;
                     }
                     Err(e) => return Err(e),
@@ -357,37 +350,5 @@ impl MongoSource {
 impl Drop for MongoSource {
     fn drop(&mut self) {
         self.kill_cursor();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use mongodb::error::{CommandError, Error, ErrorKind};
-
-    fn command_failed(code: i32, name: &str) -> MongoError {
-        let reply: CommandError = mongodb::bson::from_document(
-            doc! {"code": code, "codeName": name, "errmsg": "interrupted (9)"},
-        )
-        .unwrap();
-        command_err("reading the oldest oplog entry")(Error::from(ErrorKind::Command(reply)))
-    }
-
-    #[test]
-    fn only_a_command_the_server_refused_is_tried_again() {
-        assert!(server_refused(&command_failed(1, "InternalError")));
-        assert!(server_refused(&command_failed(50, "MaxTimeMSExpired")));
-        let gone = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
-        assert!(!server_refused(&command_err(
-            "opening a tailable cursor on the oplog"
-        )(Error::from(ErrorKind::Io(
-            std::sync::Arc::new(gone)
-        )))));
-        assert!(!server_refused(&MongoError::Setup(
-            "the oplog has rolled past position 7".into()
-        )));
-        assert!(!server_refused(&MongoError::Reply(
-            "a cursor reply without `cursor`".into()
-        )));
     }
 }
