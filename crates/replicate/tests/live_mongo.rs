@@ -522,6 +522,32 @@ fn a_batch_rewriting_many_documents_applies() {
 }
 
 #[test]
+fn a_batch_the_server_keeps_refusing_fails_with_its_message_after_the_tries() {
+    let Some(rep) = start() else { return };
+    let mut sink = MongoSink::connect(&rep.url(""), STREAM).unwrap();
+    let d = doc! {"_id": 1i64, "text": "never written"};
+    // A database name FerretDB refuses: every try gets the same answer.
+    let refused = vec![Change {
+        pos: 7,
+        op: Op::Insert,
+        collection: format!("no$such.{COLL}"),
+        id: dedupwire_replicate::mongo::id_text(&Bson::Int64(1)),
+        doc: Some(doc_text(&d)),
+    }];
+    let t = Instant::now();
+    let e = sink.apply(&refused).unwrap_err();
+    assert!(matches!(e, MongoError::Command { .. }), "{e:?}");
+    assert!(e.to_string().contains("no$such"), "{e}");
+    // Tried three times, 100 and 200 ms apart.
+    assert!(
+        t.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(sink.applied_position().unwrap(), None);
+}
+
+#[test]
 fn a_source_whose_server_restarts_mid_tail_reopens_its_cursor_and_loses_nothing() {
     let Some(mut src) = start() else { return };
     // A new client each time: a restart leaves the old one's connections dead.

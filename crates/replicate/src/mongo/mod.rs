@@ -220,11 +220,13 @@ pub(crate) fn split_ns(ns: &str) -> Option<(&str, &str)> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use mongodb::bson::{doc, oid::ObjectId, DateTime};
     use mongodb::error::{CommandError, Error, ErrorKind};
 
     fn command_failed(code: i32, name: &str) -> MongoError {
         let reply: CommandError = mongodb::bson::from_document(
-            mongodb::bson::doc! {"code": code, "codeName": name, "errmsg": "interrupted (9)"},
+            doc! {"code": code, "codeName": name, "errmsg": "interrupted (9)"},
         )
         .unwrap();
         command_err("reading the oldest oplog entry")(Error::from(ErrorKind::Command(reply)))
@@ -247,9 +249,6 @@ mod tests {
             "a cursor reply without `cursor`".into()
         )));
     }
-
-    use super::*;
-    use mongodb::bson::{doc, oid::ObjectId, DateTime};
 
     #[test]
     fn documents_round_trip_exactly() {
