@@ -177,11 +177,7 @@ impl SuperFeatureConfig {
         }
         let f = self.features;
         let mut features = [0u64; MAX_FEATURES];
-        let mut sampled = false;
-        for h in hashes {
-            sampled = true;
-            transform_max(h, &mut features[..f]);
-        }
+        let sampled = max_of_transforms(hashes.into_iter(), f, &mut features);
         if sampled {
             group_consecutive(&features[..f], self.per_super_feature, out);
         }
@@ -319,6 +315,133 @@ fn odess_two_lanes(chunk: &[u8], features: &mut [u64]) -> bool {
     odess_sampled(&b[4 * quads..], hb, features) | sampled
 }
 
+/// Features `..f` of `features` raised to the maxima of the transforms of `hashes`; whether
+/// there was any. With AVX-512 (DQ, VL) and at most [`WIDE_FEATURES`] features the features
+/// stay in three vector registers and a hash costs three multiplies, adds and maxima: the
+/// baseline's SSE2 has neither a 64-bit multiply nor an unsigned 64-bit maximum, and
+/// emulates both.
+fn max_of_transforms(
+    hashes: impl Iterator<Item = u64>,
+    f: usize,
+    features: &mut [u64; MAX_FEATURES],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if f <= WIDE_FEATURES && wide::available() {
+        // SAFETY: the CPU has the features `wide::max_of_transforms` is built for.
+        return unsafe { wide::max_of_transforms(hashes, features) };
+    }
+    let mut sampled = false;
+    for h in hashes {
+        sampled = true;
+        transform_max(h, &mut features[..f]);
+    }
+    sampled
+}
+
+/// Features the vector path keeps in registers (three of four 64-bit lanes).
+const WIDE_FEATURES: usize = 12;
+
+#[cfg(target_arch = "x86_64")]
+mod wide {
+    use std::arch::asm;
+    use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_storeu_si256};
+    use std::sync::OnceLock;
+
+    use super::{MAX_FEATURES, ODESS_ADD, ODESS_MUL, WIDE_FEATURES};
+
+    /// Whether this CPU runs [`max_of_transforms`] (asked once).
+    pub(super) fn available() -> bool {
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| {
+            is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512dq")
+                && is_x86_feature_detected!("avx512vl")
+        })
+    }
+
+    /// Four lanes of `a`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    #[target_feature(enable = "avx2")]
+    unsafe fn load(a: &[u64]) -> __m256i {
+        let a: &[u64; 4] = a.try_into().expect("four lanes");
+        // SAFETY: reads four u64 from a reference to four.
+        unsafe { _mm256_loadu_si256(a.as_ptr().cast()) }
+    }
+
+    /// [`super::max_of_transforms`] for the first [`WIDE_FEATURES`] features, 256 bits at a
+    /// time (the 512-bit multiply can lower a core's clock). The AVX-512 instructions are
+    /// written out (`asm!`) because their intrinsics need Rust 1.89 and the workspace builds
+    /// with 1.85 (Debian 13's).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F, DQ and VL ([`available`]).
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn max_of_transforms(
+        hashes: impl Iterator<Item = u64>,
+        features: &mut [u64; MAX_FEATURES],
+    ) -> bool {
+        const _: () = assert!(WIDE_FEATURES == 12 && MAX_FEATURES >= WIDE_FEATURES);
+        let lanes = |a: &[u64]| {
+            // SAFETY: AVX-512 VL, which the caller vouches for, comes with AVX2.
+            unsafe { load(a) }
+        };
+        let (k0, k1, k2) = (
+            lanes(&ODESS_MUL[0..4]),
+            lanes(&ODESS_MUL[4..8]),
+            lanes(&ODESS_MUL[8..12]),
+        );
+        let (a0, a1, a2) = (
+            lanes(&ODESS_ADD[0..4]),
+            lanes(&ODESS_ADD[4..8]),
+            lanes(&ODESS_ADD[8..12]),
+        );
+        let (mut m0, mut m1, mut m2) = (
+            lanes(&features[0..4]),
+            lanes(&features[4..8]),
+            lanes(&features[8..12]),
+        );
+        let mut sampled = false;
+        for h in hashes {
+            sampled = true;
+            // SAFETY: registers only; the caller vouches for AVX-512 DQ and VL.
+            unsafe {
+                asm!(
+                    "vpbroadcastq {b}, {h}",
+                    "vpmullq {t}, {b}, {k0}",
+                    "vpaddq {t}, {t}, {a0}",
+                    "vpmaxuq {m0}, {m0}, {t}",
+                    "vpmullq {t}, {b}, {k1}",
+                    "vpaddq {t}, {t}, {a1}",
+                    "vpmaxuq {m1}, {m1}, {t}",
+                    "vpmullq {t}, {b}, {k2}",
+                    "vpaddq {t}, {t}, {a2}",
+                    "vpmaxuq {m2}, {m2}, {t}",
+                    h = in(reg) h,
+                    b = out(ymm_reg) _,
+                    t = out(ymm_reg) _,
+                    k0 = in(ymm_reg) k0,
+                    k1 = in(ymm_reg) k1,
+                    k2 = in(ymm_reg) k2,
+                    a0 = in(ymm_reg) a0,
+                    a1 = in(ymm_reg) a1,
+                    a2 = in(ymm_reg) a2,
+                    m0 = inout(ymm_reg) m0,
+                    m1 = inout(ymm_reg) m1,
+                    m2 = inout(ymm_reg) m2,
+                    options(pure, nomem, nostack),
+                );
+            }
+        }
+        for (k, m) in [m0, m1, m2].into_iter().enumerate() {
+            // SAFETY: writes four u64 into a reference to four.
+            unsafe { _mm256_storeu_si256(features[4 * k..4 * k + 4].as_mut_ptr().cast(), m) };
+        }
+        sampled
+    }
+}
+
 #[inline]
 fn transform_max(h: u64, features: &mut [u64]) {
     for (i, f) in features.iter_mut().enumerate() {
@@ -413,6 +536,39 @@ mod tests {
 
     fn shared(a: &[u64], b: &[u64]) -> usize {
         a.iter().zip(b).filter(|(x, y)| x == y).count()
+    }
+
+    #[test]
+    fn the_vector_maxima_are_the_scalar_ones() {
+        let hashes: Vec<u64> = noise(8 * 1000, 9)
+            .chunks(8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        for f in 1..=MAX_FEATURES {
+            for n in [0, 1, 2, 37, 1000] {
+                let mut scalar = [0u64; MAX_FEATURES];
+                hashes[..n]
+                    .iter()
+                    .for_each(|&h| transform_max(h, &mut scalar[..f]));
+                let mut any = [0u64; MAX_FEATURES];
+                assert_eq!(
+                    max_of_transforms(hashes[..n].iter().copied(), f, &mut any),
+                    n > 0
+                );
+                assert_eq!(any[..f], scalar[..f], "{f} features, {n} hashes");
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if wide::available() {
+            let mut wide = [0u64; MAX_FEATURES];
+            let mut scalar = [0u64; MAX_FEATURES];
+            hashes
+                .iter()
+                .for_each(|&h| transform_max(h, &mut scalar[..WIDE_FEATURES]));
+            // SAFETY: checked just above.
+            assert!(unsafe { wide::max_of_transforms(hashes.iter().copied(), &mut wide) });
+            assert_eq!(wide, scalar);
+        }
     }
 
     #[test]
