@@ -128,7 +128,7 @@ impl Direct {
 
     /// Refills the chunk buffer; `Ok(0)` at the end of the file.
     fn refill(&mut self) -> io::Result<usize> {
-        if self.direct && self.offset % ALIGN as u64 != 0 {
+        if self.direct && !self.offset.is_multiple_of(ALIGN as u64) {
             self.stop_direct()?;
         }
         let n = loop {
@@ -156,12 +156,12 @@ impl Direct {
     fn read_straight(&mut self, want: usize, out: &mut Vec<u8>) -> io::Result<Option<usize>> {
         use std::os::fd::AsRawFd;
         let len = want.min(CHUNK) / ALIGN * ALIGN;
-        if !self.direct || len == 0 || self.offset % ALIGN as u64 != 0 {
+        if !self.direct || len == 0 || !self.offset.is_multiple_of(ALIGN as u64) {
             return Ok(None);
         }
         out.reserve(len);
         let end = out.as_ptr() as usize + out.len();
-        if end % ALIGN != 0 {
+        if !end.is_multiple_of(ALIGN) {
             return Ok(None);
         }
         let n = loop {

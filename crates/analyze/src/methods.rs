@@ -758,7 +758,7 @@ impl Residual {
             && self.every > 1
             && dense(raw)
             && self.pairs.len() >= 2
-            && (self.number() / self.every) % DENSE_EVERY != 0
+            && !(self.number() / self.every).is_multiple_of(DENSE_EVERY)
             && self.memo.has_reference(self.compressor.method())
     }
 
@@ -1302,10 +1302,10 @@ impl SizeState {
             g.chunks += 1;
         }
         let sample = self.local.sample;
-        if sample > 1 && id % sample != 0 {
+        if sample > 1 && !id.is_multiple_of(sample) {
             return;
         }
-        let timed = sample > 1 && self.sampled % TIMED_EVERY == 0;
+        let timed = sample > 1 && self.sampled.is_multiple_of(TIMED_EVERY);
         self.sampled += 1;
         let clock = || {
             if timed {

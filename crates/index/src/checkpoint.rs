@@ -89,7 +89,7 @@ pub fn decode(b: &[u8]) -> std::result::Result<Checkpoint, String> {
     }
     let n = u64_at(b, 48);
     if n == 0
-        || n % BUCKETS as u64 != 0
+        || !n.is_multiple_of(BUCKETS as u64)
         || n.checked_mul(6).map(|x| x + FIXED as u64 + 8) != Some(b.len() as u64)
     {
         return Err("checkpoint size does not match its bucket count".into());

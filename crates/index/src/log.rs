@@ -300,7 +300,7 @@ impl Log {
         let synced_units = (self.synced / ALIGN).min(u64::from(u32::MAX)) as u32;
         encode_entry(&mut self.tail, off, synced_units, feature, ids);
         self.end += len;
-        if self.end % PAGE_SIZE == 0 {
+        if self.end.is_multiple_of(PAGE_SIZE) {
             self.complete_page()?;
         }
         Ok((off / ALIGN) as u32)

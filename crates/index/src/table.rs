@@ -96,7 +96,7 @@ impl Table {
 
     /// A table rebuilt from its raw arrays (a checkpoint); `None` if the arrays are inconsistent.
     pub fn from_raw(sigs: Vec<u16>, ptrs: Vec<u32>, max_kicks: u32) -> Option<Table> {
-        if sigs.len() != ptrs.len() || ptrs.is_empty() || ptrs.len() % BUCKETS != 0 {
+        if sigs.len() != ptrs.len() || ptrs.is_empty() || !ptrs.len().is_multiple_of(BUCKETS) {
             return None;
         }
         let occupied = ptrs.iter().filter(|&&p| p > TOMB).count();

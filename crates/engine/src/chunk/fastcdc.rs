@@ -410,7 +410,7 @@ fn warm_up(data: &[u8], at: usize) -> u64 {
 /// after position `i - 1` (zero if `i` is where hashing starts).
 #[inline]
 fn scan_lanes(data: &[u8], mut i: usize, end: usize, mut h: u64, mask: u64, lane: usize) -> Scan {
-    assert!(end <= data.len() && lane % LINE == 0 && lane >= WARMUP);
+    assert!(end <= data.len() && lane.is_multiple_of(LINE) && lane >= WARMUP);
     let m = Masks::new(mask);
     while end - i >= 2 * lane {
         // Lane 1 starts at i + lane; its 64 bytes of warm-up lie inside [i, i + lane), after

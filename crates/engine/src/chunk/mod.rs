@@ -87,9 +87,9 @@ impl ChunkerSpec {
 
 /// Formats a byte size as `256B`, `4KiB`, `2MiB` when it divides evenly.
 pub fn size_label(n: usize) -> String {
-    if n >= 1 << 20 && n % (1 << 20) == 0 {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{}MiB", n >> 20)
-    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
         format!("{}KiB", n >> 10)
     } else {
         format!("{n}B")

@@ -267,7 +267,7 @@ impl Index {
     /// The table entry for source offset `p`, a window hashing to `h`.
     #[inline(always)]
     fn entry(&self, p: usize, h: u64) -> u32 {
-        let n = if p == self.last && p % self.stride != 0 {
+        let n = if p == self.last && !p.is_multiple_of(self.stride) {
             LAST
         } else {
             (p / self.stride + 1) as u32

@@ -206,7 +206,11 @@ mod tests {
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             out.extend_from_slice(WORDS[(s >> 59) as usize % 16].as_bytes());
-            out.push(if (s >> 20) % 11 == 0 { b'\n' } else { b' ' });
+            out.push(if (s >> 20).is_multiple_of(11) {
+                b'\n'
+            } else {
+                b' '
+            });
         }
         out.truncate(len);
         out

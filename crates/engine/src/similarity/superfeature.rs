@@ -107,7 +107,7 @@ impl SuperFeatureConfig {
                 self.features
             )));
         }
-        if self.per_super_feature == 0 || self.features % self.per_super_feature != 0 {
+        if self.per_super_feature == 0 || !self.features.is_multiple_of(self.per_super_feature) {
             return Err(config_error(format!(
                 "features ({}) must be a positive multiple of per_super_feature ({})",
                 self.features, self.per_super_feature
@@ -389,8 +389,7 @@ const WIDE_FEATURES: usize = 12;
 
 #[cfg(target_arch = "x86_64")]
 mod wide {
-    use std::arch::asm;
-    use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_storeu_si256};
+    use std::arch::x86_64::*;
     use std::sync::OnceLock;
 
     use super::{MAX_FEATURES, ODESS_ADD, ODESS_MUL, WIDE_FEATURES};
@@ -405,84 +404,40 @@ mod wide {
         })
     }
 
-    /// Four lanes of `a`.
-    ///
-    /// # Safety
-    /// The CPU must have AVX2.
-    #[target_feature(enable = "avx2")]
-    unsafe fn load(a: &[u64]) -> __m256i {
-        let a: &[u64; 4] = a.try_into().expect("four lanes");
-        // SAFETY: reads four u64 from a reference to four.
-        unsafe { _mm256_loadu_si256(a.as_ptr().cast()) }
-    }
-
     /// [`super::max_of_transforms`] for the first [`WIDE_FEATURES`] features, 256 bits at a
-    /// time (the 512-bit multiply can lower a core's clock). The AVX-512 instructions are
-    /// written out (`asm!`) because their intrinsics need Rust 1.89 and the workspace builds
-    /// with 1.85 (Debian 13's).
+    /// time (the 512-bit multiply can lower a core's clock).
     ///
     /// # Safety
     /// The CPU must have AVX-512 F, DQ and VL ([`available`]).
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl")]
     pub(super) unsafe fn max_of_transforms(
         hashes: impl Iterator<Item = u64>,
         features: &mut [u64; MAX_FEATURES],
     ) -> bool {
         const _: () = assert!(WIDE_FEATURES == 12 && MAX_FEATURES >= WIDE_FEATURES);
         let lanes = |a: &[u64]| {
-            // SAFETY: AVX-512 VL, which the caller vouches for, comes with AVX2.
-            unsafe { load(a) }
+            let a: &[u64; 4] = a.try_into().expect("four lanes");
+            // SAFETY: reads four u64 from a reference to four.
+            unsafe { _mm256_loadu_si256(a.as_ptr().cast()) }
         };
-        let (k0, k1, k2) = (
-            lanes(&ODESS_MUL[0..4]),
-            lanes(&ODESS_MUL[4..8]),
-            lanes(&ODESS_MUL[8..12]),
-        );
-        let (a0, a1, a2) = (
-            lanes(&ODESS_ADD[0..4]),
-            lanes(&ODESS_ADD[4..8]),
-            lanes(&ODESS_ADD[8..12]),
-        );
-        let (mut m0, mut m1, mut m2) = (
-            lanes(&features[0..4]),
-            lanes(&features[4..8]),
-            lanes(&features[8..12]),
-        );
+        let mul = [0, 4, 8].map(|k| lanes(&ODESS_MUL[k..k + 4]));
+        let add = [0, 4, 8].map(|k| lanes(&ODESS_ADD[k..k + 4]));
+        let mut max = [0, 4, 8].map(|k| lanes(&features[k..k + 4]));
         let mut sampled = false;
         for h in hashes {
             sampled = true;
-            // SAFETY: registers only; the caller vouches for AVX-512 DQ and VL.
-            unsafe {
-                asm!(
-                    "vpbroadcastq {b}, {h}",
-                    "vpmullq {t}, {b}, {k0}",
-                    "vpaddq {t}, {t}, {a0}",
-                    "vpmaxuq {m0}, {m0}, {t}",
-                    "vpmullq {t}, {b}, {k1}",
-                    "vpaddq {t}, {t}, {a1}",
-                    "vpmaxuq {m1}, {m1}, {t}",
-                    "vpmullq {t}, {b}, {k2}",
-                    "vpaddq {t}, {t}, {a2}",
-                    "vpmaxuq {m2}, {m2}, {t}",
-                    h = in(reg) h,
-                    b = out(ymm_reg) _,
-                    t = out(ymm_reg) _,
-                    k0 = in(ymm_reg) k0,
-                    k1 = in(ymm_reg) k1,
-                    k2 = in(ymm_reg) k2,
-                    a0 = in(ymm_reg) a0,
-                    a1 = in(ymm_reg) a1,
-                    a2 = in(ymm_reg) a2,
-                    m0 = inout(ymm_reg) m0,
-                    m1 = inout(ymm_reg) m1,
-                    m2 = inout(ymm_reg) m2,
-                    options(pure, nomem, nostack),
-                );
+            let h = _mm256_set1_epi64x(h as i64);
+            for k in 0..3 {
+                let t = _mm256_add_epi64(_mm256_mullo_epi64(h, mul[k]), add[k]);
+                max[k] = _mm256_max_epu64(max[k], t);
             }
         }
-        for (k, m) in [m0, m1, m2].into_iter().enumerate() {
+        for (k, m) in max.into_iter().enumerate() {
+            let out: &mut [u64; 4] = (&mut features[4 * k..4 * k + 4])
+                .try_into()
+                .expect("four lanes");
             // SAFETY: writes four u64 into a reference to four.
-            unsafe { _mm256_storeu_si256(features[4 * k..4 * k + 4].as_mut_ptr().cast(), m) };
+            unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), m) };
         }
         sampled
     }
