@@ -361,11 +361,11 @@ fn odess_two_lanes(chunk: &[u8], samples: &mut Samples) -> bool {
     odess_sampled(&b[4 * quads..], hb, samples) | sampled
 }
 
-/// Features `..f` of `features` raised to the maxima of the transforms of `hashes`; whether
-/// there was any. With AVX-512 (DQ, VL) and at most [`WIDE_FEATURES`] features the features
-/// stay in three vector registers and a hash costs three multiplies, adds and maxima: the
-/// baseline's SSE2 has neither a 64-bit multiply nor an unsigned 64-bit maximum, and
-/// emulates both.
+/// Features `..f` of `features` raised to the maxima of the transforms of `hashes` (those
+/// past `f` may change too); whether there was any hash. With AVX-512 (DQ, VL) and at most
+/// [`WIDE_FEATURES`] features, the features stay in three vector registers and a hash costs
+/// three multiplies, adds and maxima: the baseline's SSE2 has neither a 64-bit multiply nor
+/// an unsigned 64-bit maximum, and emulates both.
 fn max_of_transforms(
     hashes: impl Iterator<Item = u64>,
     f: usize,
