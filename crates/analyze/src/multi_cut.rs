@@ -763,27 +763,11 @@ impl LevelTest {
 /// `limit` those of a [`LevelTest`]; a step with a candidate is replayed byte by byte.
 #[inline(always)]
 fn step4<S: Sink>(hash: u64, q: &[u8], pos: u64, masks: [u64; 4], limit: u64, out: &mut S) -> u64 {
-    let (g, m) = (FastCdc::gear4_table(), masks);
-    let x = (hash << 4).wrapping_add(g[0][q[0] as usize]);
-    if x & m[0] == 0 {
-        return replay4(hash, q, pos, limit, out);
-    }
-    let x = x.wrapping_add(g[1][q[1] as usize]);
-    if x & m[1] == 0 {
-        return replay4(hash, q, pos, limit, out);
-    }
-    let x = x.wrapping_add(g[2][q[2] as usize]);
-    if x & m[2] == 0 {
-        return replay4(hash, q, pos, limit, out);
-    }
-    let x = x.wrapping_add(g[3][q[3] as usize]);
-    if x & m[3] == 0 {
-        return replay4(hash, q, pos, limit, out);
-    }
-    x
+    step4_of(hash, |k| q[k], q, pos, masks, limit, out)
 }
 
-/// [`step4`] over the four bytes of `w` (little-endian), which are those of `q`.
+/// [`step4`] over the four bytes of `w` (little-endian), which are those of `q`, taken out of
+/// the word instead of loaded one by one.
 #[inline(always)]
 fn step4w<S: Sink>(
     hash: u64,
@@ -794,22 +778,27 @@ fn step4w<S: Sink>(
     limit: u64,
     out: &mut S,
 ) -> u64 {
+    step4_of(hash, |k| (w >> (8 * k)) as u8, q, pos, masks, limit, out)
+}
+
+/// [`step4`] with byte `k` of `q` given by `byte(k)`.
+#[inline(always)]
+fn step4_of<S: Sink>(
+    hash: u64,
+    byte: impl Fn(usize) -> u8,
+    q: &[u8],
+    pos: u64,
+    masks: [u64; 4],
+    limit: u64,
+    out: &mut S,
+) -> u64 {
     let (g, m) = (FastCdc::gear4_table(), masks);
-    let x = (hash << 4).wrapping_add(g[0][(w & 0xff) as usize]);
-    if x & m[0] == 0 {
-        return replay4(hash, q, pos, limit, out);
-    }
-    let x = x.wrapping_add(g[1][(w >> 8 & 0xff) as usize]);
-    if x & m[1] == 0 {
-        return replay4(hash, q, pos, limit, out);
-    }
-    let x = x.wrapping_add(g[2][(w >> 16 & 0xff) as usize]);
-    if x & m[2] == 0 {
-        return replay4(hash, q, pos, limit, out);
-    }
-    let x = x.wrapping_add(g[3][(w >> 24) as usize]);
-    if x & m[3] == 0 {
-        return replay4(hash, q, pos, limit, out);
+    let mut x = hash << 4;
+    for k in 0..4 {
+        x = x.wrapping_add(g[k][byte(k) as usize]);
+        if x & m[k] == 0 {
+            return replay4(hash, q, pos, limit, out);
+        }
     }
     x
 }

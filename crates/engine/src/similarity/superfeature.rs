@@ -390,18 +390,14 @@ const WIDE_FEATURES: usize = 12;
 #[cfg(target_arch = "x86_64")]
 mod wide {
     use std::arch::x86_64::*;
-    use std::sync::OnceLock;
 
     use super::{MAX_FEATURES, ODESS_ADD, ODESS_MUL, WIDE_FEATURES};
 
-    /// Whether this CPU runs [`max_of_transforms`] (asked once).
+    /// Whether this CPU runs [`max_of_transforms`] (std caches what the CPU answered).
     pub(super) fn available() -> bool {
-        static HAS: OnceLock<bool> = OnceLock::new();
-        *HAS.get_or_init(|| {
-            is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx512dq")
-                && is_x86_feature_detected!("avx512vl")
-        })
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512dq")
+            && is_x86_feature_detected!("avx512vl")
     }
 
     /// [`super::max_of_transforms`] for the first [`WIDE_FEATURES`] features, 256 bits at a
