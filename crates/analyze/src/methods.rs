@@ -1688,9 +1688,13 @@ struct SimilarityRunner {
     /// With several images, each scope encodes on a thread of its own, from the batches and
     /// the cuts, fingerprints and features this one prepared for both: the three share the
     /// work, where one thread preparing and encoding the local scope held the others up.
+    /// The first image only the global scope encodes: from empty windows, the local one
+    /// would encode it alike (as exact dedup's global scope forks from the local one).
     scopes: Option<[ScopeThread; 2]>,
     /// Per item kind, an encoder that only prepares batches for the scope threads.
     prep: [Option<Encoder>; 2],
+    /// The image of the first batch, which only the global scope thread encodes.
+    first_image: Option<usize>,
     input_bytes: u64,
     /// The level the batches' Gear scans are asked for (see [`ExactRunner`]'s).
     gear_level: u32,
@@ -1703,7 +1707,15 @@ type SimJob = (usize, PipelineConfig, Arc<Batch>, Arc<Prepared>, f64);
 /// One similarity scope encoding on its own thread; the thread returns what it measured.
 struct ScopeThread {
     tx: SyncSender<SimJob>,
-    handle: JoinHandle<[SimTotals; 2]>,
+    handle: JoinHandle<ScopeResult>,
+}
+
+/// What a scope thread measured: its totals and, for the global scope, its totals at the
+/// end of the first image, which are the local scope's there (the two saw the same data
+/// from empty windows, so they encode it alike: the local thread skips that image).
+struct ScopeResult {
+    done: [SimTotals; 2],
+    first_image: [SimTotals; 2],
 }
 
 impl ScopeThread {
@@ -1716,10 +1728,15 @@ impl ScopeThread {
         let handle = std::thread::spawn(move || {
             let mut scopes: [Option<SimScope>; 2] = [None, None];
             let mut done = [SimTotals::default(); 2];
+            let mut first_image = None;
             let mut image = None;
             for (slot, config, batch, prepared, prepare_cpu) in rx {
-                if per_image && image.is_some_and(|i| i != batch.image) {
-                    retire(&mut scopes, &mut done);
+                if image.is_some_and(|i| i != batch.image) {
+                    if per_image {
+                        retire(&mut scopes, &mut done);
+                    } else if first_image.is_none() {
+                        first_image = Some(scopes.each_ref().map(SimScope::totals_so_far));
+                    }
                 }
                 image = Some(batch.image);
                 let items: Vec<&[u8]> = batch.pieces.iter().map(|p| batch.bytes(p)).collect();
@@ -1730,8 +1747,10 @@ impl ScopeThread {
                     })
                     .feed((&owner, batch.seq), &items, &prepared, prepare_cpu);
             }
+            let first_image =
+                first_image.unwrap_or_else(|| scopes.each_ref().map(SimScope::totals_so_far));
             retire(&mut scopes, &mut done);
-            done
+            ScopeResult { done, first_image }
         });
         ScopeThread { tx, handle }
     }
@@ -1742,7 +1761,7 @@ impl ScopeThread {
             .expect("a similarity scope thread runs until its sender is dropped");
     }
 
-    fn join(self) -> [SimTotals; 2] {
+    fn join(self) -> ScopeResult {
         drop(self.tx);
         self.handle
             .join()
@@ -1828,8 +1847,21 @@ impl SimScope {
     /// Raw bytes, compressed bytes (estimated), their relative error, index bytes, CPU
     /// without compression, and CPU of compressing everything.
     fn totals(&mut self) -> SimTotals {
+        let estimate = self.residual.estimate();
+        self.totals_with(estimate)
+    }
+
+    /// [`SimScope::totals`] of what was fed so far, the scope going on unchanged; nothing
+    /// for no scope.
+    fn totals_so_far(scope: &Option<SimScope>) -> SimTotals {
+        scope.as_ref().map_or_else(SimTotals::default, |s| {
+            s.totals_with(s.residual.fork().estimate())
+        })
+    }
+
+    /// The totals, given the residual stream's estimate.
+    fn totals_with(&self, (z, rel, zcpu): (u64, f64, f64)) -> SimTotals {
         let s = self.encoder.stats();
-        let (z, rel, zcpu) = self.residual.estimate();
         SimTotals {
             raw: s.raw_bytes,
             z,
@@ -2000,6 +2032,7 @@ impl SimilarityRunner {
             local_done: [SimTotals::default(); 2],
             scopes,
             prep: [None, None],
+            first_image: None,
             input_bytes: 0,
             gear_level,
         })
@@ -2101,21 +2134,27 @@ impl Runner for SimilarityRunner {
             return;
         };
         let prepared = Arc::new(prepared);
-        for scope in scopes {
-            scope.send((
-                slot,
-                config,
-                Arc::clone(batch),
-                Arc::clone(&prepared),
-                prepare_cpu,
-            ));
+        let first_image = *self.first_image.get_or_insert(batch.image);
+        let [local, global] = scopes;
+        let job = || {
+            let (batch, prepared) = (Arc::clone(batch), Arc::clone(&prepared));
+            (slot, config, batch, prepared, prepare_cpu)
+        };
+        if batch.image != first_image {
+            local.send(job());
         }
+        global.send(job());
     }
 
     fn finish(mut self: Box<Self>) -> Vec<Measured> {
         retire(&mut self.local, &mut self.local_done);
         let (local, global) = match self.scopes.take() {
-            Some([local, global]) => (local.join(), global.join()),
+            Some([local, global]) => {
+                let (local, global) = (local.join(), global.join());
+                let with_first =
+                    std::array::from_fn(|k| global.first_image[k].add(local.done[k], u64::max));
+                (with_first, global.done)
+            }
             None => (self.local_done, self.local_done),
         };
         let sum = |t: &[SimTotals; 2]| t[0].add(t[1], |a, b| a + b);
@@ -2874,6 +2913,36 @@ mod tests {
         let mut runner = SimilarityRunner::new(&opts, ALONE).unwrap();
         feed_images(&mut runner, images);
         Box::new(runner).finish()
+    }
+
+    #[test]
+    fn the_local_similarity_scope_is_each_image_analyzed_alone() {
+        // The local thread skips the first image and takes the global scope's totals there.
+        let (a, b) = (noise(3 << 20, 41), noise(2 << 20, 42));
+        let mut a2 = a.clone();
+        a2[1 << 20] ^= 1;
+        let images = [vec![a.clone(), a2], vec![b.clone(), a, b]];
+        let alone = |image: &[Vec<u8>]| {
+            let mut runner = SimilarityRunner::new(&opts(), ALONE).unwrap();
+            feed_images(&mut runner, std::slice::from_ref(&image.to_vec()));
+            Box::new(runner).finish()
+        };
+        let (first, second) = (alone(&images[0]), alone(&images[1]));
+        let both = similarity_of(&images, 1 << 30);
+        for name in ["similarity", "similarity+zstd"] {
+            let line = |m: &[Measured], scope: &str| {
+                let l = m.iter().find(|l| l.scope == scope && l.name == name);
+                let l = l.unwrap().clone();
+                (l.output_bytes, l.index_bytes)
+            };
+            let (one, two) = (line(&first, "local"), line(&second, "local"));
+            assert_eq!(
+                line(&both, "local"),
+                (one.0 + two.0, one.1.max(two.1)),
+                "{name}"
+            );
+            assert!(line(&both, "global").0 < one.0 + two.0, "{name}");
+        }
     }
 
     #[test]
