@@ -39,6 +39,12 @@ enum Content {
 /// One compression's length and CPU seconds, filled by the first stream to ask for it.
 type Entry = Arc<OnceLock<(usize, f64)>>;
 
+/// What each of an input batch's proxy slices adds to their compressed length.
+pub type SliceSizes = Vec<u32>;
+
+/// An input batch's [`SliceSizes`] and their CPU seconds, filled by the first stream to ask.
+type SliceEntry = Arc<OnceLock<(SliceSizes, f64)>>;
+
 /// Compressed lengths and their CPU seconds, by method and content, shared by all runners.
 ///
 /// Runners work on the same input batch at about the same moment, so a second request often
@@ -48,6 +54,8 @@ type Entry = Arc<OnceLock<(usize, f64)>>;
 #[derive(Clone, Default)]
 pub struct Memo {
     map: Arc<Mutex<HashMap<Key, Entry>>>,
+    /// What each proxy slice of an input batch adds to their compression, by batch number.
+    slices: Arc<Mutex<HashMap<u64, SliceEntry>>>,
     /// Compressions actually run.
     runs: Arc<AtomicU64>,
     /// Bytes hashed to find requests.
@@ -158,6 +166,28 @@ impl Memo {
             .state
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes sure the slice sizes of input batch `seq` are known: `compute` gives them
+    /// unless another stream did or is doing so (this then waits for it). Adds their CPU
+    /// seconds to `cpu`, as every stream would pay them alone.
+    pub fn note_slices(&self, seq: u64, cpu: &mut f64, compute: impl FnOnce() -> SliceSizes) {
+        let entry = {
+            let mut map = self.slices.lock().expect("no panics while held");
+            Arc::clone(map.entry(seq).or_default())
+        };
+        let (_, secs) = entry.get_or_init(|| {
+            let mut secs = 0.0;
+            let sizes = charge(&mut secs, compute);
+            (sizes, secs)
+        });
+        *cpu += secs;
+    }
+
+    /// The slice sizes of input batch `seq`, if a stream noted them.
+    pub fn slices(&self, seq: u64) -> Option<SliceSizes> {
+        let map = self.slices.lock().expect("no panics while held");
+        map.get(&seq)?.get().map(|(sizes, _)| sizes.clone())
     }
 
     /// Compresses `data` with `c` unless it was compressed before or is being compressed now,

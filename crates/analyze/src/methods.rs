@@ -27,7 +27,7 @@ use serde::Serialize;
 use crate::cpu::charge;
 use crate::id_set::IdSet;
 use crate::input::{Batch, ItemKind, Piece, BATCH_BYTES};
-use crate::memo::Memo;
+use crate::memo::{Memo, SliceSizes};
 use crate::multi_cut::{
     cdc_lens, cdc_level, gear_scan, Cursor, GearScan, MultiCut, Scanned, ODESS_LEVEL,
 };
@@ -364,6 +364,9 @@ const PROXY_SLICES: usize = 32;
 /// estimated the five Debian images' zstd stream with 5.3% rms error instead of 4.0%, over
 /// every start of the sampling; more, smaller slices of the same bytes tracked better too.)
 const PROXY_SLICE: usize = 2 << 10;
+/// The zstd level the input's proxy slices are compressed at, for every stream (see
+/// [`Residual`]).
+const SLICE_LEVEL: i32 = 1;
 
 /// Appends to `out` the parts of `data`, which starts at offset `at` of its batch, that fall in
 /// the batch's proxy slices.
@@ -380,12 +383,83 @@ fn proxy_slices(at: usize, data: &[u8], out: &mut Vec<u8>) {
     }
 }
 
-/// Bytes [`proxy_slices`] takes from a whole batch of `len` bytes.
-fn proxy_len(len: usize) -> usize {
+/// The length of each proxy slice of a batch of `len` bytes (0 past its end).
+fn slice_lens(len: usize) -> impl Iterator<Item = usize> {
     let stride = BATCH_BYTES / PROXY_SLICES;
-    (0..len.div_ceil(stride))
-        .map(|k| PROXY_SLICE.min(len - k * stride))
-        .sum()
+    (0..PROXY_SLICES).map(move |k| PROXY_SLICE.min(len.saturating_sub(k * stride)))
+}
+
+/// Adds to `kept` the bytes of each proxy slice that `len` bytes at offset `at` of their
+/// batch cover; returns how many that is in all.
+fn count_slices(at: usize, len: usize, kept: &mut [u32; PROXY_SLICES]) -> usize {
+    let stride = BATCH_BYTES / PROXY_SLICES;
+    let to = at + len;
+    let mut k = at / stride;
+    let mut all = 0;
+    while k < PROXY_SLICES && k * stride < to {
+        let (s, e) = ((k * stride).max(at), (k * stride + PROXY_SLICE).min(to));
+        if s < e {
+            kept[k] += (e - s) as u32;
+            all += e - s;
+        }
+        k += 1;
+    }
+    all
+}
+
+/// What each proxy slice of the input batch `data` adds to their compression: the slices
+/// compressed as one zstd frame at [`SLICE_LEVEL`] (as a stream's proxy is), flushed after
+/// each slice so that each has blocks of its own.
+fn slice_sizes(data: &[u8]) -> SliceSizes {
+    use zstd::zstd_safe::{zstd_sys::ZSTD_EndDirective, CCtx, CParameter, InBuffer, OutBuffer};
+    thread_local! {
+        static SLICER: std::cell::RefCell<(Option<CCtx<'static>>, Vec<u8>)> =
+            const { std::cell::RefCell::new((None, Vec::new())) };
+    }
+    let stride = BATCH_BYTES / PROXY_SLICES;
+    let total: usize = slice_lens(data.len()).sum();
+    let slices = slice_lens(data.len())
+        .enumerate()
+        .map(|(k, len)| match len {
+            0 => &[][..],
+            _ => &data[k * stride..k * stride + len],
+        });
+    SLICER.with_borrow_mut(|(cctx, out)| {
+        let cctx = cctx.get_or_insert_with(CCtx::create);
+        let ok = "a compression context takes its parameters and the output has room";
+        cctx.reset(zstd::zstd_safe::ResetDirective::SessionOnly)
+            .expect(ok);
+        cctx.set_parameter(CParameter::CompressionLevel(SLICE_LEVEL))
+            .expect(ok);
+        cctx.set_pledged_src_size(Some(total as u64)).expect(ok);
+        out.clear();
+        // Past the compress bound: each flushed slice may add a block header.
+        out.reserve(zstd::zstd_safe::compress_bound(total) + 8 * PROXY_SLICES);
+        let (mut done, mut last) = (0, 0);
+        slices
+            .map(|slice| {
+                done += slice.len();
+                let end = match done == total {
+                    true => ZSTD_EndDirective::ZSTD_e_end,
+                    false => ZSTD_EndDirective::ZSTD_e_flush,
+                };
+                if slice.is_empty() {
+                    return 0;
+                }
+                let mut input = InBuffer::around(slice);
+                let mut output = OutBuffer::around_pos(out, last);
+                while cctx
+                    .compress_stream2(&mut output, &mut input, end)
+                    .expect(ok)
+                    > 0
+                {}
+                let pos = output.pos();
+                let size = (pos - last) as u32;
+                last = pos;
+                size
+            })
+            .collect()
+    })
 }
 
 /// Compresses a stream in batches: one in `every` (the middle one of each run of `every`), and
@@ -398,10 +472,23 @@ fn proxy_len(len: usize) -> usize {
 ///
 /// The slices lie at fixed places of the **input** batch: a stream's proxy is what it kept
 /// of the input there (its own batch's slices if that is under one slice). A method that
-/// removed chunks only between the slices then has the input's very proxy, which the memo
-/// compresses once: on the five Debian images, 4 745 proxy compressions (228 MB) instead of
-/// 6 527 (339 MB), and the sampled lines came closer to an unsampled run (rms 2.5% instead
-/// of 2.8%, max 3.9% instead of 7.5%; on the trees 5.3% and 8.8% instead of 5.8% and 9.2%).
+/// removed chunks only between the slices then has the input's very proxy. (On the five
+/// Debian images this brought the sampled lines closer to an unsampled run than slices of
+/// each stream's own batch: rms 2.5% instead of 2.8%, max 3.9% instead of 7.5%; on the trees
+/// 5.3% and 8.8% instead of 5.8% and 9.2%.)
+///
+/// A stream of the input's own bytes at the input's positions (what an exact method kept,
+/// or compression alone) does not compress its proxy at all: the input's slices are
+/// compressed once per input batch for all streams, as one zstd frame at [`SLICE_LEVEL`]
+/// flushed after each slice ([`slice_sizes`]), and a stream's proxy is each slice's part of
+/// that, times the share of the slice it kept, for the bytes it kept there. Its proxy had
+/// been those bytes compressed, one compression per stream and batch wherever a stream
+/// removed any of them: 3 941 of them (178 MB, 0.5 CPU-s) on the five Debian images. Over
+/// seven starts of the sampling, the 28 sampled lines' rms deviation from an unsampled run
+/// was 4.40% instead of 4.47% there (trees 4.50% instead of 4.77%), the stated error 3.14%
+/// instead of 3.35% (4.26% instead of 4.04%), and lz4's line, whose proxies had been lz4,
+/// erred 1.33% instead of 1.72% (1.77% instead of 2.82%). Similarity's frames are not the
+/// input's bytes: their streams compress the slices of their own batches.
 ///
 /// A method's stream has **one batch per input batch**: what the method emits for those 4 MiB
 /// of input (its unique chunks' bytes there, or its frame), as the pipeline compresses one
@@ -473,6 +560,10 @@ struct Residual {
     pair_info: Vec<(u64, u64)>,
     /// Dense sampled batches left to the two-phase estimate: number, proxy estimate, raw bytes.
     skipped: Vec<(u64, f64, u64)>,
+    /// With a batch of input bytes at the input's positions, the bytes it kept of each of
+    /// the input's proxy slices (instead of the bytes themselves in `proxy`).
+    kept: [u32; PROXY_SLICES],
+    kept_total: usize,
 }
 
 /// Where an input batch starts in a stream, and its length if the stream holds input bytes at
@@ -484,7 +575,8 @@ struct Bound {
     len: Option<u64>,
 }
 
-/// The compressor of a stream's proxies: zstd's fastest regular level for zstd streams (the
+/// The compressor of the proxies a stream compresses itself (those not made of the input's
+/// slices, see [`Residual`]): zstd's fastest regular level for zstd streams (the
 /// ratio estimator only needs a proxy that tracks the batch, and level 1 tracked level 3's
 /// batches as closely as level 3 itself on five Debian images, for two thirds of its CPU;
 /// lz4 and zstd's negative levels tracked worse), the stream's own otherwise.
@@ -523,6 +615,8 @@ impl Residual {
             two_phase: false,
             pair_info: Vec::new(),
             skipped: Vec::new(),
+            kept: [0; PROXY_SLICES],
+            kept_total: 0,
         }
     }
 
@@ -570,6 +664,8 @@ impl Residual {
             two_phase: self.two_phase,
             pair_info: self.pair_info.clone(),
             skipped: self.skipped.clone(),
+            kept: self.kept,
+            kept_total: self.kept_total,
         }
     }
 
@@ -595,15 +691,43 @@ impl Residual {
         } else {
             // Only a batch that ends with under a slice of the input's proxy uses its own, and
             // the input's only grows: past a slice of it, the own slices are not needed.
-            if self.proxy.len() < PROXY_SLICE {
+            if self.input_slice_bytes() < PROXY_SLICE {
                 proxy_slices(self.cur, data, &mut self.own_proxy);
             }
             if self.filled == 0 {
                 self.first.extend_from_slice(data);
             }
         }
-        proxy_slices((at - self.start) as usize, data, &mut self.proxy);
+        let at = (at - self.start) as usize;
+        match self.counts_slices() {
+            true => self.kept_total += count_slices(at, data.len(), &mut self.kept),
+            false => proxy_slices(at, data, &mut self.proxy),
+        }
         self.cur += data.len();
+    }
+
+    /// Whether the current batch counts what it kept of the input's proxy slices rather
+    /// than gathering those bytes: its bytes lie at the input's positions, and it has
+    /// proxies at all.
+    fn counts_slices(&self) -> bool {
+        self.input_len.is_some() && self.every > 1
+    }
+
+    /// Bytes the current batch kept of the input's proxy slices.
+    fn input_slice_bytes(&self) -> usize {
+        match self.counts_slices() {
+            true => self.kept_total,
+            false => self.proxy.len(),
+        }
+    }
+
+    /// Makes sure the memo knows the proxy slices of input batch `seq`, `data`, compressed
+    /// alone (see [`Residual::flush`]), for a stream that holds input bytes.
+    fn note_input(&mut self, seq: u64, data: &[u8]) {
+        if self.every > 1 {
+            let cpu = &mut self.cpu_proxy;
+            self.memo.note_slices(seq, cpu, || slice_sizes(data));
+        }
     }
 
     /// Says that input batch `seq` starts at stream position `at`: bytes before `at` belong to
@@ -672,6 +796,7 @@ impl Residual {
 
     /// Adds all of input batch `seq`, `data`, as it is.
     fn push_input_batch(&mut self, data: &[u8], seq: u64) {
+        self.note_input(seq, data);
         self.begin_input(self.written, seq, data.len() as u64);
         self.push_parts(&[data]);
     }
@@ -701,24 +826,34 @@ impl Residual {
         let raw = self.cur as u64;
         let sampled = self.sampling();
         let input = (self.input_len == Some(raw)).then_some(self.number());
-        let proxy = if self.every > 1 {
-            // Kept at the input's places, as many bytes as the input's proxy has: all of them.
-            let input_proxy = self
-                .input_len
-                .filter(|&l| proxy_len(l as usize) == self.proxy.len())
-                .map(|_| self.number());
-            let (p, input) = if self.proxy.len() >= PROXY_SLICE {
-                (&self.proxy, input_proxy)
+        let kept = self.input_slice_bytes();
+        let slices = match self.counts_slices() && kept >= PROXY_SLICE {
+            true => {
+                let sizes = self.memo.slices(self.number());
+                debug_assert!(sizes.is_some(), "streams of input bytes note the input");
+                sizes
+            }
+            false => None,
+        };
+        let proxy = if let Some(sizes) = slices {
+            // Each slice's share of the input's proxy, for the share of it kept.
+            let lens = slice_lens(self.input_len.unwrap_or(0) as usize);
+            let out: f64 = (sizes.iter().zip(&self.kept).zip(lens))
+                .filter(|&(_, len)| len > 0)
+                .map(|((&c, &k), len)| f64::from(c) * f64::from(k) / len as f64)
+                .sum();
+            out / kept as f64 * raw as f64
+        } else if self.every > 1 {
+            let p = if kept >= PROXY_SLICE && !self.counts_slices() {
+                &self.proxy
             } else {
                 if sampled {
                     proxy_slices(0, &self.buf, &mut self.own_proxy);
                 }
-                (&self.own_proxy, None)
+                &self.own_proxy
             };
-            let len = p.len();
-            let c = &mut self.proxy_compressor;
-            let out = self.memo.compress_input(c, p, input, &mut self.cpu_proxy);
-            out as f64 / len.max(1) as f64 * raw as f64
+            let out = (self.memo).compress(&mut self.proxy_compressor, p, &mut self.cpu_proxy);
+            out as f64 / p.len().max(1) as f64 * raw as f64
         } else {
             0.0
         };
@@ -747,6 +882,8 @@ impl Residual {
         self.buf.clear();
         self.proxy.clear();
         self.own_proxy.clear();
+        self.kept = [0; PROXY_SLICES];
+        self.kept_total = 0;
     }
 
     /// Whether the current sampled batch, `raw` bytes, is left to the two-phase estimate: a
@@ -1251,9 +1388,12 @@ struct SizeState {
 impl SizeState {
     /// Says that input batch `seq`, `len` bytes, starts at stream position `at`, and that the
     /// chunks are cut from the input where it has them (see [`Residual::begin_input`]).
-    fn begin_input(&mut self, at: u64, seq: u64, len: u64) {
+    fn begin_input(&mut self, at: u64, seq: u64, data: &[u8]) {
+        let len = data.len() as u64;
+        self.local.residual.note_input(seq, data);
         self.local.residual.begin_input(at, seq, len);
         if let Some(g) = self.global.as_mut() {
+            g.residual.note_input(seq, data);
             g.residual.begin_input(at, seq, len);
         }
     }
@@ -1476,7 +1616,7 @@ fn add_chunks(
     blocks: Option<(&Blocks, u64)>,
 ) {
     let t0 = crate::cpu::thread_cpu_seconds();
-    size.begin_input(scanned.batch_start(), seq, data.len() as u64);
+    size.begin_input(scanned.batch_start(), seq, data);
     let mut spans = std::mem::take(&mut size.spans);
     spans.clear();
     let full = match size.spec {
@@ -1588,7 +1728,7 @@ impl Runner for ExactRunner {
                 let mut cpu = 0.0;
                 charge(&mut cpu, || {
                     let len = batch.data.len() as u64;
-                    size.begin_input(whole.pos, batch.seq, len);
+                    size.begin_input(whole.pos, batch.seq, &batch.data);
                     whole.begin_batch(batch.seq, len);
                     for piece in &batch.pieces {
                         whole.push(batch, *piece, size);
@@ -2201,11 +2341,12 @@ mod tests {
     use crate::input::test_batches;
 
     #[test]
-    fn proxy_len_is_what_proxy_slices_takes_from_a_whole_batch() {
-        // The memo takes a proxy as long as the input's for the input's own: the two must agree.
+    fn slices_are_counted_where_proxy_slices_takes_their_bytes() {
+        // The slice estimate weighs what a stream kept of each slice by the slice's length:
+        // counting, gathering and the lengths must agree, wherever the kept bytes lie.
         let stride = BATCH_BYTES / PROXY_SLICES;
         let data = vec![7u8; BATCH_BYTES + stride];
-        for len in [
+        let lens = [
             0,
             1,
             PROXY_SLICE - 1,
@@ -2213,15 +2354,45 @@ mod tests {
             PROXY_SLICE + 1,
             stride - 1,
             stride,
-        ]
-        .into_iter()
-        .chain([stride + 1, 5 * stride + 17, BATCH_BYTES - 1, BATCH_BYTES])
-        .chain([BATCH_BYTES + stride])
-        {
+        ];
+        let lens = lens
+            .into_iter()
+            .chain([stride + 1, 5 * stride + 17, BATCH_BYTES - 1]);
+        for len in lens.chain([BATCH_BYTES]) {
             let mut out = Vec::new();
             proxy_slices(0, &data[..len], &mut out);
-            assert_eq!(proxy_len(len), out.len(), "{len} bytes");
+            let whole: Vec<u32> = slice_lens(len).map(|l| l as u32).collect();
+            assert_eq!(whole.iter().sum::<u32>() as usize, out.len(), "{len} bytes");
+            for (at, part) in [(0, len), (len / 3, len / 2), (stride - 5, 10.min(len))] {
+                let part = part.min(len.saturating_sub(at));
+                let mut kept = [0u32; PROXY_SLICES];
+                let counted = count_slices(at, part, &mut kept);
+                out.clear();
+                proxy_slices(at, &data[at..at + part], &mut out);
+                assert_eq!(counted, out.len(), "{len} bytes, {part} at {at}");
+                assert_eq!(kept.iter().sum::<u32>() as usize, counted);
+                assert!(kept.iter().zip(&whole).all(|(k, w)| k <= w));
+            }
         }
+    }
+
+    #[test]
+    fn slice_sizes_add_up_to_the_proxy_compressed_at_once() {
+        let data = nibbles(BATCH_BYTES, 3);
+        let sizes = slice_sizes(&data);
+        assert_eq!(sizes.len(), PROXY_SLICES);
+        assert!(sizes.iter().all(|&s| s > 0), "{sizes:?}");
+        let mut proxy = Vec::new();
+        proxy_slices(0, &data, &mut proxy);
+        let at_once = Compression::Zstd(SLICE_LEVEL).compress(&proxy).len() as f64;
+        let sum = f64::from(sizes.iter().sum::<u32>());
+        // Each slice ends a block: a header and its own tables each.
+        assert!(sum >= at_once && sum < 1.2 * at_once, "{sum} {at_once}");
+        // A short batch has no slices past its end, and the same bytes give the same sizes.
+        let short = slice_sizes(&data[..3 * BATCH_BYTES / PROXY_SLICES + 100]);
+        assert!(short[..4].iter().all(|&s| s > 0), "{short:?}");
+        assert!(short[4..].iter().all(|&s| s == 0), "{short:?}");
+        assert_eq!(slice_sizes(&data), sizes);
     }
 
     #[test]
@@ -2742,16 +2913,12 @@ mod tests {
             ..opts
         };
         let both = feed(&mut runners(&[zstd, exact], &opts).unwrap());
-        // Only the third batch's proxy changed; no batch is compressed twice.
-        assert_eq!(opts.memo.len(), entries + 1);
-        // Every other request was of an input batch held whole, matched by its number: only
-        // that proxy was hashed.
-        let proxy = proxy_len(BATCH_BYTES) as u64;
-        assert!(
-            (1..proxy).contains(&opts.memo.hashed()),
-            "{}",
-            opts.memo.hashed()
-        );
+        // No batch is compressed twice, and no proxy at all: the third batch, which lost a
+        // chunk, is not sampled, and its proxy is made of the input's slices.
+        assert_eq!(opts.memo.len(), entries);
+        // Every request was of an input batch held whole, matched by its number: nothing was
+        // hashed.
+        assert_eq!(opts.memo.hashed(), 0);
         let (z, e) = (&both[0], &both[3]);
         assert_eq!(
             (z.output_bytes, z.rel_error),
@@ -2765,40 +2932,42 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_that_lost_bytes_between_the_proxy_slices_shares_the_inputs_proxy() {
-        // The second 64 KiB of the fourth batch repeats the first of the first batch: that
-        // chunk lies between the slices at 0 and 128 KiB, so the fourth batch's proxy is the
-        // input's, and only its sampled compression could differ (it is not sampled).
-        let mut data = nibbles(6 * BATCH_BYTES, 9);
-        data.copy_within(..(64 << 10), 3 * BATCH_BYTES + (64 << 10));
-        let items = [data];
-        let opts = RunnerOptions {
-            compress_every: 3,
-            ..opts()
+    fn a_stream_of_input_bytes_takes_its_proxy_from_the_slices_it_kept() {
+        let data = nibbles(BATCH_BYTES, 9);
+        let memo = Memo::default();
+        let stride = BATCH_BYTES / PROXY_SLICES;
+        // The proxy estimate per byte of an unsampled batch that kept `keep` of the input.
+        let proxy_of = |keep: &[(usize, usize)]| {
+            let mut r = Residual::new(3, Compression::Zstd(3), &memo);
+            r.note_input(0, &data);
+            r.begin_input(0, 0, data.len() as u64);
+            for &(from, to) in keep {
+                r.push_at(from as u64, &data[from..to]);
+            }
+            r.flush();
+            let raw: usize = keep.iter().map(|(from, to)| to - from).sum();
+            r.proxy_sum / raw as f64
         };
-        let mut runners = runners(
-            &[
-                MethodSpec::Compress(Compression::Zstd(3)),
-                MethodSpec::Exact(ChunkerSpec::Fixed { size: 64 << 10 }),
-            ],
-            &opts,
-        )
-        .unwrap();
-        for batch in test_batches(&items, BATCH_BYTES) {
-            let batch = Arc::new(batch);
-            runners.iter_mut().for_each(|r| r.feed(&batch));
-        }
-        let measured: Vec<Measured> = runners.drain(..).flat_map(|r| r.finish()).collect();
-        let proxies = |m: &Memo| {
-            m.entries()
-                .iter()
-                .filter(|(c, _)| *c == Compression::Zstd(1))
-                .count()
+        let all = proxy_of(&[(0, BATCH_BYTES)]);
+        let sizes = memo.slices(0).expect("noted");
+        let ratio = |from: usize| {
+            let out: u32 = sizes[from..].iter().sum();
+            f64::from(out) / ((PROXY_SLICES - from) * PROXY_SLICE) as f64
         };
-        assert_eq!(proxies(&opts.memo), 6);
-        let e = &measured[3];
-        assert_eq!(e.name, "exact-fixed-64KiB+zstd");
-        assert!(e.output_bytes < measured[0].output_bytes);
+        assert!((all - ratio(0)).abs() < 1e-12, "{all}");
+        // Bytes removed between two slices leave the ratio as it is.
+        let between = proxy_of(&[(0, stride / 2), (stride / 2 + 1000, BATCH_BYTES)]);
+        assert!((between - all).abs() < 1e-12, "{between} {all}");
+        // A slice removed whole leaves the others' ratio.
+        let without_first = proxy_of(&[(stride, BATCH_BYTES)]);
+        assert!((without_first - ratio(1)).abs() < 1e-12, "{without_first}");
+        // Half of a slice counts half of its size.
+        let half = proxy_of(&[(PROXY_SLICE / 2, BATCH_BYTES)]);
+        let out = f64::from(sizes[0]) / 2.0 + f64::from(sizes[1..].iter().sum::<u32>());
+        let want = out / (PROXY_SLICES * PROXY_SLICE - PROXY_SLICE / 2) as f64;
+        assert!((half - want).abs() < 1e-12, "{half} {want}");
+        // None of it went through the memo's compressions.
+        assert_eq!((memo.len(), memo.hashed()), (0, 0));
     }
 
     #[test]
