@@ -26,6 +26,10 @@ thread_local! {
 /// Entries kept at most (about 40 MB); past that, new sizes are measured but not kept.
 const MAX_ENTRIES: usize = 1 << 20;
 
+/// Input batches whose slice sizes are kept behind the newest noted (4 GiB of input): streams
+/// lag the reader by their queue's batches and an item's buffer at most, far fewer.
+const SLICES_KEPT: u64 = 1 << 10;
+
 type Key = (Compression, usize, Content);
 
 /// What a compression's input is: bytes known by their hash, or an input batch's very bytes
@@ -174,6 +178,9 @@ impl Memo {
     pub fn note_slices(&self, seq: u64, cpu: &mut f64, compute: impl FnOnce() -> SliceSizes) {
         let entry = {
             let mut map = self.slices.lock().expect("no panics while held");
+            if map.len() as u64 >= 2 * SLICES_KEPT {
+                map.retain(|&s, _| s + SLICES_KEPT > seq);
+            }
             Arc::clone(map.entry(seq).or_default())
         };
         let (_, secs) = entry.get_or_init(|| {
@@ -262,6 +269,29 @@ mod tests {
         memo.compress(&mut c, &other, &mut 0.0);
         assert_eq!(memo.map.lock().unwrap().len(), 3);
         assert_eq!(memo.runs(), 3);
+    }
+
+    #[test]
+    fn slice_sizes_are_computed_once_per_batch_and_old_ones_dropped() {
+        let memo = Memo::default();
+        let calls = AtomicU64::new(0);
+        let count = |sizes: Vec<u32>| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            sizes
+        };
+        let (mut first, mut second) = (0.0, 0.0);
+        memo.note_slices(7, &mut first, || count(vec![1, 2]));
+        memo.note_slices(7, &mut second, || count(vec![9]));
+        assert_eq!(calls.load(Ordering::Relaxed), 1);
+        assert_eq!(memo.slices(7), Some(vec![1, 2]));
+        assert_eq!(first, second);
+        assert_eq!(memo.slices(8), None);
+        let last = 8 + 2 * SLICES_KEPT;
+        for seq in 8..=last {
+            memo.note_slices(seq, &mut 0.0, Vec::new);
+        }
+        assert_eq!(memo.slices(7), None);
+        assert_eq!(memo.slices(last - SLICES_KEPT + 1), Some(Vec::new()));
     }
 
     #[test]

@@ -721,8 +721,8 @@ impl Residual {
         }
     }
 
-    /// Makes sure the memo knows the proxy slices of input batch `seq`, `data`, compressed
-    /// alone (see [`Residual::flush`]), for a stream that holds input bytes.
+    /// Makes sure the memo knows what the proxy slices of input batch `seq`, `data`, compress
+    /// to ([`slice_sizes`]), for a stream that holds input bytes.
     fn note_input(&mut self, seq: u64, data: &[u8]) {
         if self.every > 1 {
             let cpu = &mut self.cpu_proxy;
