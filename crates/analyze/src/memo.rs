@@ -32,8 +32,8 @@ const SLICES_KEPT: u64 = 1 << 10;
 
 type Key = (Compression, usize, Content);
 
-/// What a compression's input is: bytes known by their hash, or an input batch's very bytes
-/// (or its proxy), known by its number without hashing them.
+/// What a compression's input is: bytes known by their hash, or an input batch's very bytes,
+/// known by its number without hashing them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Content {
     Hash(u128),
@@ -204,7 +204,7 @@ impl Memo {
     }
 
     /// [`Memo::compress`] for `data` that is, when `input` says so, what every stream holding
-    /// all of input batch `input` holds for it (its bytes, or their proxy): such requests are
+    /// all of input batch `input` holds for it (its bytes): such requests are
     /// matched by the batch's number, and the bytes are not hashed. (Hashing the requests was
     /// 2% of the analysis' CPU on the Debian images.)
     pub fn compress_input(

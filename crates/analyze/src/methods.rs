@@ -743,8 +743,8 @@ impl Residual {
 
     /// [`Residual::begin`] for a stream whose bytes are the input's own, each at the input's
     /// position (what an exact method kept, or all of it), from `at` on, where input batch
-    /// `seq` starts: it is `len` bytes. A batch that kept them all is the input's, and so is a
-    /// proxy as long as the input's.
+    /// `seq` starts: it is `len` bytes. A batch that kept them all is the input's, and its
+    /// proxy comes from the input's slices (see [`Residual::note_input`]).
     fn begin_input(&mut self, at: u64, seq: u64, len: u64) {
         let len = Some(len);
         self.begin_bound(Bound { at, seq, len });
