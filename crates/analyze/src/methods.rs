@@ -368,18 +368,22 @@ const PROXY_SLICE: usize = 2 << 10;
 /// [`Residual`]).
 const SLICE_LEVEL: i32 = 1;
 
+/// The parts of the `len` bytes at offset `at` of a batch that fall in its proxy slices: each
+/// slice's number and the part's range within the batch.
+fn slice_parts(at: usize, len: usize) -> impl Iterator<Item = (usize, std::ops::Range<usize>)> {
+    let stride = BATCH_BYTES / PROXY_SLICES;
+    let to = at + len;
+    (at / stride..)
+        .take_while(move |k| k * stride < to)
+        .map(move |k| (k, (k * stride).max(at)..(k * stride + PROXY_SLICE).min(to)))
+        .filter(|(_, r)| !r.is_empty())
+}
+
 /// Appends to `out` the parts of `data`, which starts at offset `at` of its batch, that fall in
 /// the batch's proxy slices.
 fn proxy_slices(at: usize, data: &[u8], out: &mut Vec<u8>) {
-    let stride = BATCH_BYTES / PROXY_SLICES;
-    let to = at + data.len();
-    let mut k = at / stride;
-    while k * stride < to {
-        let (s, e) = ((k * stride).max(at), (k * stride + PROXY_SLICE).min(to));
-        if s < e {
-            out.extend_from_slice(&data[s - at..e - at]);
-        }
-        k += 1;
+    for (_, r) in slice_parts(at, data.len()) {
+        out.extend_from_slice(&data[r.start - at..r.end - at]);
     }
 }
 
@@ -392,17 +396,10 @@ fn slice_lens(len: usize) -> impl Iterator<Item = usize> {
 /// Adds to `kept` the bytes of each proxy slice that `len` bytes at offset `at` of their
 /// batch cover; returns how many that is in all.
 fn count_slices(at: usize, len: usize, kept: &mut [u32; PROXY_SLICES]) -> usize {
-    let stride = BATCH_BYTES / PROXY_SLICES;
-    let to = at + len;
-    let mut k = at / stride;
     let mut all = 0;
-    while k < PROXY_SLICES && k * stride < to {
-        let (s, e) = ((k * stride).max(at), (k * stride + PROXY_SLICE).min(to));
-        if s < e {
-            kept[k] += (e - s) as u32;
-            all += e - s;
-        }
-        k += 1;
+    for (k, r) in slice_parts(at, len).take_while(|&(k, _)| k < PROXY_SLICES) {
+        kept[k] += r.len() as u32;
+        all += r.len();
     }
     all
 }
