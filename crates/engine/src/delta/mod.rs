@@ -41,7 +41,7 @@ pub trait DeltaCodec: Send + Sync {
 }
 
 /// A delta codec's configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum DeltaSpec {
     /// Our sampled-index copy/insert codec.

@@ -662,7 +662,7 @@ impl Encoder {
                 &computed[..]
             }
         };
-        let literal = !self.try_delta(unit, features, next);
+        let literal = !self.try_delta(unit, &fp, features, next);
         if literal {
             self.ops.push(OP_LITERAL);
             varint::put(&mut self.ops, unit.len() as u64);
@@ -691,7 +691,7 @@ impl Encoder {
     }
 
     /// Emits a delta op when a held similar unit gives a delta smaller than the unit.
-    fn try_delta(&mut self, unit: &[u8], features: &[u64], next: u64) -> bool {
+    fn try_delta(&mut self, unit: &[u8], fp: &Fingerprint, features: &[u64], next: u64) -> bool {
         if features.is_empty() {
             return false;
         }
@@ -703,7 +703,15 @@ impl Encoder {
         };
         let source = self.window.get(id).expect("filtered to held units");
         self.scratch.clear();
-        self.delta.encode(source, unit, &mut self.scratch);
+        let codec = self.config.delta;
+        match self.store.as_deref().map(UnitStore::deltas) {
+            Some(shared) if shared.take(source, fp, codec, &mut self.scratch) => {}
+            Some(shared) => {
+                self.delta.encode(source, unit, &mut self.scratch);
+                shared.offer(source, fp, codec, &self.scratch);
+            }
+            None => self.delta.encode(source, unit, &mut self.scratch),
+        }
         if self.scratch.len() >= unit.len() {
             return false;
         }

@@ -15,6 +15,7 @@
 //! The format is specified in `docs/format.md`.
 
 mod decoder;
+mod delta_share;
 mod encoder;
 mod format;
 mod smaller_windows;

@@ -50,7 +50,8 @@ impl Unit {
 /// any other window holding the same fingerprint, and pins no input buffer. An analysis
 /// running two scopes over the same data then holds each byte once. Encoders sharing a store
 /// must share a fingerprinter: like the encoder's own exact index, the store takes equal
-/// fingerprints (and lengths) for equal bytes.
+/// fingerprints (and lengths) for equal bytes. Where two of them pick the same copy as the
+/// source of the same unit, the second takes the delta the first computed.
 ///
 /// Copies are packed one after another into slabs of 256 KiB; a slab whose units no
 /// window holds any more gives its block to the next slab. A window of a GiB was a hundred
@@ -70,6 +71,8 @@ impl Unit {
 pub struct UnitStore {
     shards: [Mutex<StoreMap>; STORE_SHARDS],
     free: FreeBlocks,
+    /// Deltas one encoder computed from a held copy, for another that picks the same.
+    deltas: super::delta_share::DeltaShare,
 }
 
 /// Shards of a [`UnitStore`].
@@ -109,6 +112,11 @@ impl UnitStore {
             .unwrap_or_else(|e| e.into_inner())
             .populate = Some(populate);
         store
+    }
+
+    /// The deltas encoders sharing this store offer each other.
+    pub(super) fn deltas(&self) -> &super::delta_share::DeltaShare {
+        &self.deltas
     }
 
     /// `unit` (fingerprint `fp`) as a held copy: one another window holds under `fp`, else a
