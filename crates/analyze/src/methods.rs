@@ -561,6 +561,14 @@ struct Residual {
     /// the input's proxy slices (instead of the bytes themselves in `proxy`).
     kept: [u32; PROXY_SLICES],
     kept_total: usize,
+    /// Batches are frames whose literal runs are the input's bytes ([`Residual::push_frame`]):
+    /// those runs count what they hold of the input's proxy slices, and `proxy` gathers the
+    /// slices of the frame's other bytes (its header, ops and deltas) as a stream of their own.
+    frames: bool,
+    /// While a frame's literal run is added: its offset in the input batch.
+    run_at: Option<usize>,
+    /// Bytes of the current frame that are not the input's.
+    other: usize,
 }
 
 /// Where an input batch starts in a stream, and its length if the stream holds input bytes at
@@ -614,6 +622,9 @@ impl Residual {
             skipped: Vec::new(),
             kept: [0; PROXY_SLICES],
             kept_total: 0,
+            frames: false,
+            run_at: None,
+            other: 0,
         }
     }
 
@@ -663,6 +674,9 @@ impl Residual {
             skipped: self.skipped.clone(),
             kept: self.kept,
             kept_total: self.kept_total,
+            frames: self.frames,
+            run_at: self.run_at,
+            other: self.other,
         }
     }
 
@@ -696,9 +710,17 @@ impl Residual {
             }
         }
         let at = (at - self.start) as usize;
-        match self.counts_slices() {
-            true => self.kept_total += count_slices(at, data.len(), &mut self.kept),
-            false => proxy_slices(at, data, &mut self.proxy),
+        match (self.counts_slices(), self.frames, self.run_at) {
+            (true, ..) => self.kept_total += count_slices(at, data.len(), &mut self.kept),
+            (false, true, Some(run)) => {
+                self.kept_total += count_slices(run, data.len(), &mut self.kept);
+                self.run_at = Some(run + data.len());
+            }
+            (false, true, None) => {
+                proxy_slices(self.other, data, &mut self.proxy);
+                self.other += data.len();
+            }
+            (false, false, _) => proxy_slices(at, data, &mut self.proxy),
         }
         self.cur += data.len();
     }
@@ -707,12 +729,12 @@ impl Residual {
     /// than gathering those bytes: its bytes lie at the input's positions, and it has
     /// proxies at all.
     fn counts_slices(&self) -> bool {
-        self.input_len.is_some() && self.every > 1
+        self.input_len.is_some() && self.every > 1 && !self.frames
     }
 
     /// Bytes the current batch kept of the input's proxy slices.
     fn input_slice_bytes(&self) -> usize {
-        match self.counts_slices() {
+        match self.counts_slices() || self.frames {
             true => self.kept_total,
             false => self.proxy.len(),
         }
@@ -729,6 +751,7 @@ impl Residual {
 
     /// Says that input batch `seq` starts at stream position `at`: bytes before `at` belong to
     /// the batch before it.
+    #[cfg(test)]
     fn begin(&mut self, at: u64, seq: u64) {
         self.begin_bound(Bound { at, seq, len: None });
     }
@@ -782,13 +805,8 @@ impl Residual {
     /// Adds all of input batch `seq`'s output, `data`.
     #[cfg(test)]
     fn push_batch(&mut self, data: &[u8], seq: u64) {
-        self.push_batch_parts(&[data], seq);
-    }
-
-    /// Adds all of input batch `seq`'s output: `parts`, one after the other.
-    fn push_batch_parts(&mut self, parts: &[&[u8]], seq: u64) {
         self.begin(self.written, seq);
-        self.push_parts(parts);
+        self.push_parts(&[data]);
     }
 
     /// Adds all of input batch `seq`, `data`, as it is.
@@ -796,6 +814,30 @@ impl Residual {
         self.note_input(seq, data);
         self.begin_input(self.written, seq, data.len() as u64);
         self.push_parts(&[data]);
+    }
+
+    /// Adds the frame that input batch `seq`, `input`, encoded to: `parts`, one after the
+    /// other, those that lie in `input` its literal runs. The frame's proxy is then mostly the
+    /// input's (see [`Residual::note_input`]): only its other bytes are compressed for it.
+    fn push_frame(&mut self, parts: &[&[u8]], input: &[u8], seq: u64) {
+        self.note_input(seq, input);
+        self.frames = self.every > 1;
+        let len = Some(input.len() as u64);
+        self.begin_bound(Bound {
+            at: self.written,
+            seq,
+            len,
+        });
+        let base = input.as_ptr() as usize;
+        for part in parts {
+            let offset = (part.as_ptr() as usize).wrapping_sub(base);
+            self.run_at =
+                (offset + part.len() <= input.len() && !part.is_empty()).then_some(offset);
+            self.push_at(self.written, part);
+            self.written += part.len() as u64;
+        }
+        self.run_at = None;
+        self.settle(self.written);
     }
 
     fn push_parts(&mut self, parts: &[&[u8]]) {
@@ -822,9 +864,9 @@ impl Residual {
         }
         let raw = self.cur as u64;
         let sampled = self.sampling();
-        let input = (self.input_len == Some(raw)).then_some(self.number());
+        let input = (self.input_len == Some(raw) && !self.frames).then_some(self.number());
         let kept = self.input_slice_bytes();
-        let slices = match self.counts_slices() && kept >= PROXY_SLICE {
+        let slices = match (self.counts_slices() || self.frames) && kept >= PROXY_SLICE {
             true => {
                 let sizes = self.memo.slices(self.number());
                 debug_assert!(sizes.is_some(), "streams of input bytes note the input");
@@ -839,9 +881,19 @@ impl Residual {
                 .filter(|&(_, len)| len > 0)
                 .map(|((&c, &k), len)| f64::from(c) * f64::from(k) / len as f64)
                 .sum();
-            out / kept as f64 * raw as f64
+            let runs = (raw - self.other as u64) as f64;
+            let other = match self.other {
+                0 => 0.0,
+                n => {
+                    let p = &self.proxy;
+                    let out =
+                        (self.memo).compress(&mut self.proxy_compressor, p, &mut self.cpu_proxy);
+                    out as f64 / p.len().max(1) as f64 * n as f64
+                }
+            };
+            out / kept as f64 * runs + other
         } else if self.every > 1 {
-            let p = if kept >= PROXY_SLICE && !self.counts_slices() {
+            let p = if kept >= PROXY_SLICE && !self.counts_slices() && !self.frames {
                 &self.proxy
             } else {
                 if sampled {
@@ -881,6 +933,7 @@ impl Residual {
         self.own_proxy.clear();
         self.kept = [0; PROXY_SLICES];
         self.kept_total = 0;
+        self.other = 0;
     }
 
     /// Whether the current sampled batch, `raw` bytes, is left to the two-phase estimate: a
@@ -1977,7 +2030,7 @@ impl SimScope {
             .encoder
             .encode_prepared_parts(batch, items, prepared, &mut self.head);
         self.cpu += crate::cpu::thread_cpu_seconds() - t0;
-        self.residual.push_batch_parts(&parts, seq);
+        self.residual.push_frame(&parts, (**batch).as_ref(), seq);
         self.peak_index = self.peak_index.max(self.encoder.index_bytes());
     }
 
@@ -2965,6 +3018,45 @@ mod tests {
         assert!((half - want).abs() < 1e-12, "{half} {want}");
         // None of it went through the memo's compressions.
         assert_eq!((memo.len(), memo.hashed()), (0, 0));
+    }
+
+    #[test]
+    fn a_frame_takes_its_literal_runs_proxy_from_the_input_and_compresses_the_rest() {
+        let data = nibbles(BATCH_BYTES, 9);
+        let other = noise(300_000, 4);
+        let memo = Memo::default();
+        // The proxy estimate of an unsampled frame: a header, then two literal runs of the
+        // input batch with other bytes (a delta) between them.
+        let stride = BATCH_BYTES / PROXY_SLICES;
+        let (a, b) = (&data[..stride * 8], &data[stride * 12..]);
+        let mut r = Residual::new(3, Compression::Zstd(3), &memo);
+        r.push_frame(&[&other[..40], a, &other[40..], b], &data, 0);
+        r.flush();
+        let sizes = memo.slices(0).expect("noted");
+        let runs: u32 = sizes[..8].iter().chain(&sizes[12..]).sum();
+        let kept = ((PROXY_SLICES - 4) * PROXY_SLICE) as f64;
+        let from_input = f64::from(runs) / kept * (a.len() + b.len()) as f64;
+        // The other bytes' slices (as a stream of their own) are all that was compressed.
+        let mut own = Vec::new();
+        proxy_slices(0, &other, &mut own);
+        let out = Compression::Zstd(SLICE_LEVEL).compress(&own).len() as f64;
+        let from_other = out / own.len() as f64 * other.len() as f64;
+        let want = from_input + from_other;
+        assert!(
+            (r.proxy_sum - want).abs() < 1e-6 * want,
+            "{} {want}",
+            r.proxy_sum
+        );
+        assert_eq!(memo.len(), 1, "one compression: the other bytes' slices");
+        // A frame of literal runs alone compresses nothing, and one that kept too little of
+        // the input's slices compresses its own, as other streams do.
+        let memo = Memo::default();
+        let mut r = Residual::new(3, Compression::Zstd(3), &memo);
+        r.push_frame(&[a, b], &data, 0);
+        r.push_frame(&[&other[..1000], &data[100..200]], &data, 2);
+        r.flush();
+        assert_eq!(memo.len(), 1, "the second frame's own proxy");
+        assert!(r.proxy_sum > 0.0);
     }
 
     #[test]
