@@ -828,11 +828,11 @@ impl Residual {
             seq,
             len,
         });
-        let base = input.as_ptr() as usize;
+        let within = input.as_ptr_range();
         for part in parts {
-            let offset = (part.as_ptr() as usize).wrapping_sub(base);
-            self.run_at =
-                (offset + part.len() <= input.len() && !part.is_empty()).then_some(offset);
+            let run = part.as_ptr_range();
+            let inside = !part.is_empty() && within.start <= run.start && run.end <= within.end;
+            self.run_at = inside.then(|| run.start as usize - within.start as usize);
             self.push_at(self.written, part);
             self.written += part.len() as u64;
         }
@@ -3057,6 +3057,17 @@ mod tests {
         r.flush();
         assert_eq!(memo.len(), 1, "the second frame's own proxy");
         assert!(r.proxy_sum > 0.0);
+        // Other bytes that lie just before the input in memory are not literal runs.
+        let joined = [&other[..], &data[..]].concat();
+        let (before, input) = joined.split_at(other.len());
+        let memo = Memo::default();
+        let mut r = Residual::new(3, Compression::Zstd(3), &memo);
+        r.push_frame(&[before, input], input, 0);
+        r.flush();
+        let mut alone = Residual::new(3, Compression::Zstd(3), &memo);
+        alone.push_frame(&[&other[..], &data[..]], &data, 0);
+        alone.flush();
+        assert!((r.proxy_sum - alone.proxy_sum).abs() < 1e-6 * r.proxy_sum);
     }
 
     #[test]

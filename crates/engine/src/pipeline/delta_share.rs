@@ -130,8 +130,7 @@ mod tests {
         let source = vec![1u8; 100];
         let codec = DeltaSpec::Sampled;
         for k in 0..KEPT + 10 {
-            let target = Fingerprint([0; 32]);
-            let mut t = target;
+            let mut t = Fingerprint([0; 32]);
             t.0[..8].copy_from_slice(&(k as u64).to_le_bytes());
             share.offer(&source, &t, codec, b"d");
         }
