@@ -67,7 +67,7 @@ impl ExactScope {
     /// Counts a sampled chunk of `len` bytes as new to this scope, which had counted it
     /// `before` times (in as many earlier images): its contribution grows from `before * len`
     /// to `(before + 1) * len`.
-    pub(super) fn count_new(&mut self, len: u64, before: u32) {
+    fn count_new(&mut self, len: u64, before: u32) {
         self.entries += 1;
         self.unique_bytes += len;
         let len = len as f64;
@@ -76,19 +76,19 @@ impl ExactScope {
 
     /// Extra CPU all chunks would have cost beyond the sampled ones (index work only; the
     /// residual's compression is extrapolated by its own estimate).
-    pub(super) fn unsampled_cpu(&self) -> f64 {
+    fn unsampled_cpu(&self) -> f64 {
         self.index_cpu * (self.sample - 1) as f64
     }
 
     /// Adds a timed sampled chunk's index work: `seconds` in all, less the compression
     /// this scope's residual did meanwhile (it had done `compressed_before` until then).
-    pub(super) fn charge_index(&mut self, seconds: f64, compressed_before: f64) {
+    fn charge_index(&mut self, seconds: f64, compressed_before: f64) {
         let compressed = self.residual.cpu() - compressed_before;
         self.index_cpu += (seconds - compressed).max(0.0) * TIMED_EVERY as f64;
     }
 
     /// Starts the next image: a local scope's index starts empty again.
-    pub(super) fn next_image(&mut self) {
+    fn next_image(&mut self) {
         self.peak_entries = self.peak_entries.max(self.entries);
         self.entries = 0;
     }
@@ -112,10 +112,10 @@ impl ExactScope {
 /// Under chunk sampling, one sampled chunk in this many has its index work timed: a CPU
 /// clock read is a system call, dearer than the probe, and timing every sampled chunk cost
 /// 1.8 s of system time on 3.3 GB at `--sample-chunks 8`.
-pub(super) const TIMED_EVERY: u64 = 16;
+const TIMED_EVERY: u64 = 16;
 
 /// How an exact runner cuts: all its sizes from one pass, or one whole-item chunker.
-pub(super) enum Cutter {
+enum Cutter {
     Multi(Box<MultiCut>),
     Whole(Box<WholeItem>),
 }
@@ -242,7 +242,7 @@ impl SizeState {
 
     /// Starts image `image`: the global scope forks from the local one after the first image
     /// (if `several_images`), and the local scope starts empty.
-    pub(super) fn next_image(&mut self, image: u32, several_images: bool) {
+    fn next_image(&mut self, image: u32, several_images: bool) {
         if several_images && self.global.is_none() {
             self.global = Some(self.local.fork());
         }
@@ -317,16 +317,16 @@ impl ExactRunner {
 }
 
 /// Recent chunks of the smallest fixed size: stream start and id.
-pub(super) type Blocks = VecDeque<(u64, u64)>;
+type Blocks = VecDeque<(u64, u64)>;
 
 /// Chunks looked up ahead of the one being added, so their index slots are in the cache.
-pub(super) const PREFETCH_AHEAD: usize = 8;
+const PREFETCH_AHEAD: usize = 8;
 
 /// For two or more fixed sizes that are all multiples of the smallest: the smallest's index
 /// and size. Fixed chunks start at their item's start, so a full chunk of a larger size is a
 /// run of whole chunks of the smallest, and its id can be made from theirs: each byte is
 /// hashed once, not once per size.
-pub(super) fn block_size(specs: &[ChunkerSpec]) -> Option<(usize, u64)> {
+fn block_size(specs: &[ChunkerSpec]) -> Option<(usize, u64)> {
     let sizes: Vec<usize> = specs
         .iter()
         .map(|s| match s {
@@ -340,7 +340,7 @@ pub(super) fn block_size(specs: &[ChunkerSpec]) -> Option<(usize, u64)> {
 
 /// The id of the full fixed chunk at stream position `start` made of `n` blocks, from the
 /// blocks' ids: xxh3-64 of the ids in order.
-pub(super) fn id_from_blocks(blocks: &Blocks, start: u64, n: usize, buf: &mut Vec<u8>) -> u64 {
+fn id_from_blocks(blocks: &Blocks, start: u64, n: usize, buf: &mut Vec<u8>) -> u64 {
     let first = blocks.partition_point(|&(s, _)| s < start);
     debug_assert_eq!(blocks.get(first).map(|b| b.0), Some(start));
     buf.clear();
@@ -354,7 +354,7 @@ pub(super) fn id_from_blocks(blocks: &Blocks, start: u64, n: usize, buf: &mut Ve
 /// ids, then each chunk while the index slots of those a few places ahead are fetched. With
 /// `blocks` (the ids of the smallest fixed size's recent chunks and that size), full chunks
 /// take their id from them. The thread's CPU time is added to the size's.
-pub(super) fn add_chunks(
+fn add_chunks(
     scanned: &Scanned,
     i: usize,
     cursor: &mut Cursor,
@@ -393,7 +393,7 @@ pub(super) fn add_chunks(
     size.cpu += crate::cpu::thread_cpu_seconds() - t0;
 }
 
-pub(super) fn scope_result(
+fn scope_result(
     spec: ChunkerSpec,
     on_top: Compression,
     scope: &mut ExactScope,

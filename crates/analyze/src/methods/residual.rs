@@ -13,30 +13,27 @@ use crate::memo::{Memo, SliceSizes};
 /// sampling: rms error 4.96% instead of 4.63% (trees 5.97% instead of 5.45%), the largest the
 /// same, for about half the level-3 bytes; compressing every stream's sampled batches less
 /// often for the same saving erred 6.5% (6.1%).
-pub(super) const DENSE_EVERY: u64 = 3;
+const DENSE_EVERY: u64 = 3;
 
 /// Whether a stream's batch of `raw` bytes kept at least half of an input batch: the batches
 /// the two-phase estimate may leave to the reference.
-pub(super) fn dense(raw: u64) -> bool {
+fn dense(raw: u64) -> bool {
     raw >= (BATCH_BYTES / 2) as u64
 }
 
 /// Slices of every unsampled batch compressed as a proxy for the whole batch.
-pub(super) const PROXY_SLICES: usize = 32;
+const PROXY_SLICES: usize = 32;
 /// Bytes per proxy slice: 32 × 2 KiB = 1/64 of a batch. (Eight 4 KiB slices, half the bytes,
 /// estimated the five Debian images' zstd stream with 5.3% rms error instead of 4.0%, over
 /// every start of the sampling; more, smaller slices of the same bytes tracked better too.)
-pub(super) const PROXY_SLICE: usize = 2 << 10;
+const PROXY_SLICE: usize = 2 << 10;
 /// The zstd level the input's proxy slices are compressed at, for every stream (see
 /// [`Residual`]).
-pub(super) const SLICE_LEVEL: i32 = 1;
+const SLICE_LEVEL: i32 = 1;
 
 /// The parts of the `len` bytes at offset `at` of a batch that fall in its proxy slices: each
 /// slice's number and the part's range within the batch.
-pub(super) fn slice_parts(
-    at: usize,
-    len: usize,
-) -> impl Iterator<Item = (usize, std::ops::Range<usize>)> {
+fn slice_parts(at: usize, len: usize) -> impl Iterator<Item = (usize, std::ops::Range<usize>)> {
     let stride = BATCH_BYTES / PROXY_SLICES;
     let to = at + len;
     (at / stride..)
@@ -47,21 +44,21 @@ pub(super) fn slice_parts(
 
 /// Appends to `out` the parts of `data`, which starts at offset `at` of its batch, that fall in
 /// the batch's proxy slices.
-pub(super) fn proxy_slices(at: usize, data: &[u8], out: &mut Vec<u8>) {
+fn proxy_slices(at: usize, data: &[u8], out: &mut Vec<u8>) {
     for (_, r) in slice_parts(at, data.len()) {
         out.extend_from_slice(&data[r.start - at..r.end - at]);
     }
 }
 
 /// The length of each proxy slice of a batch of `len` bytes (0 past its end).
-pub(super) fn slice_lens(len: usize) -> impl Iterator<Item = usize> {
+fn slice_lens(len: usize) -> impl Iterator<Item = usize> {
     let stride = BATCH_BYTES / PROXY_SLICES;
     (0..PROXY_SLICES).map(move |k| PROXY_SLICE.min(len.saturating_sub(k * stride)))
 }
 
 /// Adds to `kept` the bytes of each proxy slice that `len` bytes at offset `at` of their
 /// batch cover; returns how many that is in all.
-pub(super) fn count_slices(at: usize, len: usize, kept: &mut [u32; PROXY_SLICES]) -> usize {
+fn count_slices(at: usize, len: usize, kept: &mut [u32; PROXY_SLICES]) -> usize {
     let mut all = 0;
     for (k, r) in slice_parts(at, len).take_while(|&(k, _)| k < PROXY_SLICES) {
         kept[k] += r.len() as u32;
@@ -73,7 +70,7 @@ pub(super) fn count_slices(at: usize, len: usize, kept: &mut [u32; PROXY_SLICES]
 /// What each proxy slice of the input batch `data` adds to their compression: the slices
 /// compressed as one zstd frame at [`SLICE_LEVEL`] (as a stream's proxy is), flushed after
 /// each slice so that each has blocks of its own.
-pub(super) fn slice_sizes(data: &[u8]) -> SliceSizes {
+fn slice_sizes(data: &[u8]) -> SliceSizes {
     use zstd::zstd_safe::{zstd_sys::ZSTD_EndDirective, CCtx, CParameter, InBuffer, OutBuffer};
     thread_local! {
         static SLICER: std::cell::RefCell<(Option<CCtx<'static>>, Vec<u8>)> =
@@ -159,7 +156,7 @@ pub(super) fn slice_sizes(data: &[u8]) -> SliceSizes {
 /// number, so every stream samples the same input, and a stream that removed nothing from a
 /// batch holds the input's very bytes there: the [`Memo`] compresses them once for all such
 /// streams. (An item too large to buffer gets a stream of its own, cut the same way: see
-/// [`WholeItem`].)
+/// [`super::whole_item::WholeItem`].)
 ///
 /// A stream too short to reach a sampled batch keeps its first batch's bytes and compresses
 /// them at the end, so it still has one sample (and states ±50%).
@@ -196,7 +193,7 @@ pub(super) struct Residual {
     /// has them (see [`Residual::begin_input`]): when it kept all of them, its batch is the
     /// input's, known to the memo by number rather than by a hash of its bytes.
     input_len: Option<u64>,
-    /// Stream position after the bytes [`Residual::push_batch`] added.
+    /// Stream position after the bytes the `push_*` methods that take whole batches added.
     written: u64,
     every: u64,
     /// Summed proxy estimates of all batches.
@@ -251,7 +248,7 @@ pub(super) struct Bound {
 /// ratio estimator only needs a proxy that tracks the batch, and level 1 tracked level 3's
 /// batches as closely as level 3 itself on five Debian images, for two thirds of its CPU;
 /// lz4 and zstd's negative levels tracked worse), the stream's own otherwise.
-pub(super) fn proxy_method(m: Compression) -> Compression {
+fn proxy_method(m: Compression) -> Compression {
     match m {
         Compression::Zstd(l) if l > 1 => Compression::Zstd(1),
         m => m,
@@ -394,12 +391,12 @@ impl Residual {
     /// Whether the current batch counts what it kept of the input's proxy slices rather
     /// than gathering those bytes: its bytes lie at the input's positions, and it has
     /// proxies at all.
-    pub(super) fn counts_slices(&self) -> bool {
+    fn counts_slices(&self) -> bool {
         self.input_len.is_some() && self.every > 1 && !self.frames
     }
 
     /// Bytes the current batch kept of the input's proxy slices.
-    pub(super) fn input_slice_bytes(&self) -> usize {
+    fn input_slice_bytes(&self) -> usize {
         match self.counts_slices() || self.frames {
             true => self.kept_total,
             false => self.proxy.len(),
@@ -422,15 +419,15 @@ impl Residual {
         self.begin_bound(Bound { at, seq, len: None });
     }
 
-    /// Says where an input batch starts, as [`Residual::begin`] or [`Residual::begin_input`].
+    /// Says where an input batch starts, as [`Residual::begin_input`] does (or `begin`, in tests).
     pub(super) fn begin_bound(&mut self, bound: Bound) {
         self.bounds.push_back(bound);
     }
 
-    /// [`Residual::begin`] for a stream whose bytes are the input's own, each at the input's
-    /// position (what an exact method kept, or all of it), from `at` on, where input batch
-    /// `seq` starts: it is `len` bytes. A batch that kept them all is the input's, and its
-    /// proxy comes from the input's slices (see [`Residual::note_input`]).
+    /// Says where an input batch starts, for a stream whose bytes are the input's own, each at
+    /// the input's position (what an exact method kept, or all of it), from `at` on, where
+    /// input batch `seq` starts: it is `len` bytes. A batch that kept them all is the input's,
+    /// and its proxy comes from the input's slices (see [`Residual::note_input`]).
     pub(super) fn begin_input(&mut self, at: u64, seq: u64, len: u64) {
         let len = Some(len);
         self.begin_bound(Bound { at, seq, len });
@@ -470,7 +467,7 @@ impl Residual {
 
     /// Adds all of input batch `seq`'s output, `data`.
     #[cfg(test)]
-    pub(super) fn push_batch(&mut self, data: &[u8], seq: u64) {
+    fn push_batch(&mut self, data: &[u8], seq: u64) {
         self.begin(self.written, seq);
         self.push_parts(&[data]);
     }
@@ -515,7 +512,7 @@ impl Residual {
     }
 
     /// Ends the current batch; the next is the input batch `bound` starts.
-    pub(super) fn next_batch(&mut self, bound: Bound) {
+    fn next_batch(&mut self, bound: Bound) {
         self.bounds.pop_front();
         self.flush();
         self.seq = Some(bound.seq);
@@ -606,7 +603,7 @@ impl Residual {
     /// dense one (at least half an input batch) of a stream that may, with a reference to
     /// lean on, two sampled batches of its own already, and not the one in [`DENSE_EVERY`] it
     /// compresses.
-    pub(super) fn leaves_to_reference(&self, raw: u64) -> bool {
+    fn leaves_to_reference(&self, raw: u64) -> bool {
         self.two_phase
             && self.every > 1
             && dense(raw)
@@ -684,7 +681,7 @@ impl Residual {
 }
 
 /// One sampled batch of a stream in the two-phase estimate.
-pub(super) struct SampledBatch {
+struct SampledBatch {
     /// This stream's proxy estimate and, if it compressed the batch, its output.
     p: f64,
     y: f64,
@@ -708,7 +705,7 @@ impl Residual {
     /// weighs (dense batches) / (dense batches compressed) and a sparse one 1; the estimate
     /// is that times the stream's summed proxy estimates. The variance is the jackknife's,
     /// leaving out one sampled batch from both phases at a time.
-    pub(super) fn two_phase_estimate(&self) -> Option<(f64, f64, f64)> {
+    fn two_phase_estimate(&self) -> Option<(f64, f64, f64)> {
         let seqs: Vec<u64> = (self.pair_info.iter().map(|p| p.0))
             .chain(self.skipped.iter().map(|s| s.0))
             .collect();
@@ -798,7 +795,7 @@ impl Drop for Residual {
 /// 11 to 16 batches sampled: over every start of the sampling on the five Debian trees'
 /// streams, errors were 1.9 of its standard errors rms and within two of them 92% of the
 /// time; the jackknife's, 1.3 and 94.5%.)
-pub(super) fn ratio_variance(pairs: &[(f64, f64)], big_n: f64, proxy_sum: f64) -> Option<f64> {
+fn ratio_variance(pairs: &[(f64, f64)], big_n: f64, proxy_sum: f64) -> Option<f64> {
     let n = pairs.len() as f64;
     let (sx, sy) = pairs
         .iter()

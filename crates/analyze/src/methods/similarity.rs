@@ -41,16 +41,16 @@ pub(super) struct SimilarityRunner {
     /// The image of the first batch, which only the global scope thread encodes.
     first_image: Option<usize>,
     input_bytes: u64,
-    /// The level the batches' Gear scans are asked for (see [`ExactRunner`]'s).
+    /// The level the batches' Gear scans are asked for (see [`super::exact::ExactRunner`]'s).
     gear_level: u32,
 }
 
 /// A batch for a scope thread: its kind slot, configuration, the batch, its preparation and
 /// that preparation's CPU seconds.
-pub(super) type SimJob = (usize, PipelineConfig, Arc<Batch>, Arc<Prepared>, f64);
+type SimJob = (usize, PipelineConfig, Arc<Batch>, Arc<Prepared>, f64);
 
 /// One similarity scope encoding on its own thread; the thread returns what it measured.
-pub(super) struct ScopeThread {
+struct ScopeThread {
     tx: SyncSender<SimJob>,
     handle: JoinHandle<ScopeResult>,
 }
@@ -58,7 +58,7 @@ pub(super) struct ScopeThread {
 /// What a scope thread measured: its totals and, for the global scope, its totals at the
 /// end of the first image, which are the local scope's there (the two saw the same data
 /// from empty windows, so they encode it alike: the local thread skips that image).
-pub(super) struct ScopeResult {
+struct ScopeResult {
     done: [SimTotals; 2],
     first_image: [SimTotals; 2],
 }
@@ -116,7 +116,7 @@ impl ScopeThread {
 
 /// Adds what `scopes` measured to `done` and drops them. Images are analyzed one after
 /// another: index memory is the largest, not the sum.
-pub(super) fn retire(scopes: &mut [Option<SimScope>; 2], done: &mut [SimTotals; 2]) {
+fn retire(scopes: &mut [Option<SimScope>; 2], done: &mut [SimTotals; 2]) {
     for (scope, done) in scopes.iter_mut().zip(done) {
         if let Some(mut s) = scope.take() {
             *done = done.add(s.totals(), u64::max);
@@ -126,7 +126,7 @@ pub(super) fn retire(scopes: &mut [Option<SimScope>; 2], done: &mut [SimTotals; 
 
 /// One scope of the similarity method: the real pipeline without compression, its frames
 /// then compressed (sampled on large inputs) like a residual stream.
-pub(super) struct SimScope {
+struct SimScope {
     encoder: Encoder,
     residual: Residual,
     /// A frame's header, its other parts staying in the encoder.
@@ -191,21 +191,21 @@ impl SimScope {
 
     /// Raw bytes, compressed bytes (estimated), their relative error, index bytes, CPU
     /// without compression, and CPU of compressing everything.
-    pub(super) fn totals(&mut self) -> SimTotals {
+    fn totals(&mut self) -> SimTotals {
         let estimate = self.residual.estimate();
         self.totals_with(estimate)
     }
 
     /// [`SimScope::totals`] of what was fed so far, the scope going on unchanged; nothing
     /// for no scope.
-    pub(super) fn totals_so_far(scope: &Option<SimScope>) -> SimTotals {
+    fn totals_so_far(scope: &Option<SimScope>) -> SimTotals {
         scope.as_ref().map_or_else(SimTotals::default, |s| {
             s.totals_with(s.residual.fork().estimate())
         })
     }
 
     /// The totals, given the residual stream's estimate.
-    pub(super) fn totals_with(&self, (z, rel, zcpu): (u64, f64, f64)) -> SimTotals {
+    fn totals_with(&self, (z, rel, zcpu): (u64, f64, f64)) -> SimTotals {
         let s = self.encoder.stats();
         SimTotals {
             raw: s.raw_bytes,
@@ -226,7 +226,7 @@ impl SimScope {
 
 /// An encoder as the similarity scopes use it: without compression (their frames are
 /// compressed as a residual stream), xxh3 ids, no content hash.
-pub(super) fn sim_encoder(config: PipelineConfig) -> Encoder {
+fn sim_encoder(config: PipelineConfig) -> Encoder {
     let config = PipelineConfig {
         compression: Compression::None,
         ..config
@@ -239,7 +239,7 @@ pub(super) fn sim_encoder(config: PipelineConfig) -> Encoder {
 
 /// What a similarity scope measured (summed over item kinds and images).
 #[derive(Debug, Clone, Copy, Default)]
-pub(super) struct SimTotals {
+struct SimTotals {
     raw: u64,
     z: u64,
     z_var: f64,
@@ -273,7 +273,7 @@ impl SimTotals {
 /// Windows of a half, a quarter, an eighth and a sixteenth of the window, each with about the
 /// most it would write: `raw` plus what it would have lost (see
 /// `dedupwire_engine::pipeline::SmallerWindows`).
-pub(super) fn smaller_windows(raw: u64, smaller: &[(u64, u64); SMALLER]) -> serde_json::Value {
+fn smaller_windows(raw: u64, smaller: &[(u64, u64); SMALLER]) -> serde_json::Value {
     smaller
         .iter()
         .filter(|&&(w, _)| w > 0)
@@ -286,7 +286,7 @@ pub(super) fn smaller_windows(raw: u64, smaller: &[(u64, u64); SMALLER]) -> serd
         .collect()
 }
 
-pub(super) fn kind_slot(kind: ItemKind) -> usize {
+fn kind_slot(kind: ItemKind) -> usize {
     match kind {
         ItemKind::Document => 0,
         ItemKind::File => 1,
@@ -294,11 +294,11 @@ pub(super) fn kind_slot(kind: ItemKind) -> usize {
 }
 
 /// Bytes of units each thread of [`prepare_units`] takes at least.
-pub(super) const UNITS_PER_THREAD: usize = if cfg!(test) { 16 << 10 } else { 1 << 20 };
+const UNITS_PER_THREAD: usize = if cfg!(test) { 16 << 10 } else { 1 << 20 };
 
 /// Odess features of a batch's units from its Gear scan (see [`ODESS_LEVEL`]).
 #[derive(Clone, Copy)]
-pub(super) struct ScanFeatures<'a> {
+struct ScanFeatures<'a> {
     gear: &'a GearScan,
     /// The batch's bytes, which the units are slices of.
     data: &'a [u8],
@@ -321,7 +321,7 @@ impl ScanFeatures<'_> {
 /// Fingerprints and features of `units`, in consecutive parts of at least
 /// [`UNITS_PER_THREAD`] bytes on their own threads (one part per core at most), with each
 /// part's CPU seconds. Features come from `scan` where it has them.
-pub(super) fn prepare_units(
+fn prepare_units(
     prep: &UnitPrep,
     units: &[&[u8]],
     scan: Option<ScanFeatures<'_>>,
@@ -388,7 +388,7 @@ impl SimilarityRunner {
         PipelineConfig::files().chunker
     }
 
-    pub(super) fn config(&self, kind: ItemKind) -> PipelineConfig {
+    fn config(&self, kind: ItemKind) -> PipelineConfig {
         let base = match kind {
             ItemKind::Document => PipelineConfig::documents(),
             ItemKind::File => PipelineConfig::files(),

@@ -11,10 +11,10 @@ use super::exact::SizeState;
 use super::residual::{Bound, Residual};
 
 /// Seeds the ids of items no other file has the size of (see [`WholeItem`]).
-pub(super) const UNIQUE_SIZE_SEED: u64 = 0x756e_6971_7565_5f73;
+const UNIQUE_SIZE_SEED: u64 = 0x756e_6971_7565_5f73;
 
 /// Items buffered whole until they end; larger ones stream (see [`WholeItem`]).
-pub(super) const WHOLE_BUFFER: usize = if cfg!(test) { 1 << 20 } else { 64 << 20 };
+const WHOLE_BUFFER: usize = if cfg!(test) { 1 << 20 } else { 64 << 20 };
 
 /// Whole-item chunking without holding huge items in memory: an item is buffered up to
 /// [`WHOLE_BUFFER`]; past that it is hashed as it streams and its compression estimated on
@@ -23,8 +23,8 @@ pub(super) const WHOLE_BUFFER: usize = if cfg!(test) { 1 << 20 } else { 64 << 20
 /// input batch the item fills is the very batch compression alone compresses, and the memo
 /// compresses it once (a tar image is one item: cut at its own 4 MiB, it was compressed
 /// apart, 0.3 CPU-s on the five Debian images, and estimated from other batches). An item
-/// whose size no other file has is new without being hashed (as duplicate finders such as `fdupes` do), which
-/// spares hashing most bytes of inputs made of large files.
+/// whose size no other file has is new without being hashed (as duplicate finders such as
+/// `fdupes` do), which spares hashing most bytes of inputs made of large files.
 pub(super) struct WholeItem {
     hasher: crate::hash::Xxh3,
     /// Items ended so far.
