@@ -26,7 +26,7 @@ for b in "${which[@]}"; do
     # The channel's Environment (persistent chunk store): 256 MiB of 8 KiB chunks put, reopened
     # (verifying scan), read back and looked up, in a fresh directory under target/.
     env) "$bench" env --mib 256 --chunk-kib 8 --json "$out/env.json" ;;
-    # Live PostgreSQL replication (needs postgresql-15 + postgresql-15-wal2json): dedupwire vs
+    # Live PostgreSQL replication (needs postgresql-15): dedupwire vs
     # PostgreSQL's own logical replication, bytes on the wire, on the shared document streams
     # (dedupwire encrypted with a fresh key, as `dedupwire replicate` is by default).
     replicate) "$bench" replicate --docs ../shared/data --json "$out/replicate.json" ;;

@@ -11,7 +11,7 @@
 //!   connection goes through a byte-counting TCP proxy run here, so every byte of the
 //!   replication connections (both directions, slot creation and the initial table sync of the
 //!   empty table included) is counted. The subscription is ready before the load starts.
-//! * **dedupwire**: a wal2json slot on `src`, `live::Sender` → `live::Receiver` over a real
+//! * **dedupwire**: a pgoutput slot on `src`, `live::Sender` → `live::Receiver` over a real
 //!   127.0.0.1 socket (counted both directions) into `dst_dedup`, encrypted with a fresh key as
 //!   the CLI does by default (`SecureStream`: the handshake and 18 bytes per message of up to
 //!   64 KiB are counted), running while the workload is loaded and stopping once drained;
@@ -913,7 +913,7 @@ fn run_workload(
     );
     println!(
         "dedupwire CPU (of the raw change bytes; median (min–max) of {} runs): sender thread {} MB/s \
-         per core (encoding + reading wal2json output), receiver thread {} MB/s per core \
+         per core (encoding + reading the plugin's output), receiver thread {} MB/s per core \
          (decoding + sending to the replica; server-side work of both not included); wire bytes {}",
         dedups.len(),
         sender_s.show(0),

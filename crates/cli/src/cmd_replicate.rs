@@ -11,7 +11,7 @@ use dedupwire_replicate::live::{
     LiveError, PgDocStore, Receiver, ReceiverConfig, Sender, SenderConfig,
 };
 use dedupwire_replicate::mongo::{MongoDocStore, MongoSink, MongoSource, MongoSourceConfig};
-use dedupwire_replicate::pg::{PgSink, PgSinkConfig, PgSource, PgSourceConfig, Tables};
+use dedupwire_replicate::pg::{PgSink, PgSinkConfig, PgSource, PgSourceConfig, Plugin, Tables};
 use dedupwire_replicate::sdedup::{SdedupConfig, SourceStore};
 use dedupwire_replicate::ChangeSource;
 use dedupwire_wire::Key;
@@ -43,7 +43,7 @@ enum Cmd {
     },
     /// Decode an sDedup stream (stdin) back into the exact JSON lines (stdout).
     Decode,
-    /// Tail a PostgreSQL database's document tables (logical decoding with wal2json) or a
+    /// Tail a PostgreSQL database's document tables (logical decoding with pgoutput) or a
     /// MongoDB server's oplog and ship the changes to a `replicate receive`, delta-encoded
     /// against similar documents.
     ///
@@ -75,6 +75,15 @@ enum Cmd {
         /// everything.
         #[arg(long)]
         until_drained: bool,
+        /// PostgreSQL: the output plugin a new slot decodes with (an existing slot keeps its
+        /// own). pgoutput is built into the server; wal2json needs the extension and a server
+        /// whose output_plugin_libraries lists it.
+        #[arg(long, value_enum, default_value = "pgoutput")]
+        plugin: PluginArg,
+        /// PostgreSQL, pgoutput: the publication to read (default: named like the slot, and
+        /// created if missing, FOR ALL TABLES or FOR TABLE the --tables).
+        #[arg(long)]
+        publication: Option<String>,
         /// Keep the similarity state (feature index, document table) in DIR across restarts
         /// [default: a temporary directory, rebuilt from the stream after a restart].
         #[arg(long, value_name = "DIR")]
@@ -141,6 +150,8 @@ pub fn run(args: Args) -> Result<()> {
             state,
             stats,
             key,
+            plugin,
+            publication,
         } => {
             let key = key.key()?;
             let batch_bytes = dedupwire_analyze::parse_size(&batch_bytes)
@@ -158,6 +169,8 @@ pub fn run(args: Args) -> Result<()> {
                     sdedup: config,
                     stream: slot,
                     batch_bytes: batch_bytes.max(1),
+                plugin: plugin.into(),
+                publication,
                     window,
                     until_drained,
                     state_dir: state,
@@ -279,11 +292,31 @@ fn receive(listen: &str, into: &str, once: bool, key: Option<Key>) -> Result<()>
         "dedupwire: receiving on {}{}, applying to the replica",
         listener.local_addr()?,
         match &key {
+    plugin: Plugin,
+    publication: Option<String>,
             Some(key) => format!(" (encrypted, key id {})", key.id()),
             None => " (INSECURE: plaintext, unauthenticated)".to_string(),
         }
     );
     loop {
+/// `--plugin`: a PostgreSQL output plugin.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum PluginArg {
+    /// Built into PostgreSQL, allowed by every server.
+    Pgoutput,
+    /// The wal2json extension.
+    Wal2json,
+}
+
+impl From<PluginArg> for Plugin {
+    fn from(p: PluginArg) -> Plugin {
+        match p {
+            PluginArg::Pgoutput => Plugin::PgOutput,
+            PluginArg::Wal2json => Plugin::Wal2Json,
+        }
+    }
+}
+
         let (stream, peer) = listener.accept().context("accepting a connection")?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(PEER_TIMEOUT))?;
@@ -335,6 +368,8 @@ fn apply_to<S: Read + Write>(
     database: Database,
 ) -> Result<(), LiveError> {
     match database {
+            plugin: o.plugin,
+            publication: o.publication.clone(),
         Database::Postgres => receiver.run(stream, |stream| {
             PgSink::connect(into, PgSinkConfig::with_stream(stream))
         }),

@@ -66,7 +66,8 @@ fn start_pg() -> Option<PgServer> {
     let mut src = pg.client("src").unwrap();
     for sql in [
         "CREATE TABLE docs (id text PRIMARY KEY, body text NOT NULL)".to_string(),
-        format!("SELECT pg_create_logical_replication_slot('{SLOT}', 'wal2json')"),
+        format!("CREATE PUBLICATION {SLOT} FOR ALL TABLES"),
+        format!("SELECT pg_create_logical_replication_slot('{SLOT}', 'pgoutput')"),
         "INSERT INTO docs SELECT 'doc' || i, repeat('secret document body ', 20) || i \
          FROM generate_series(1, 50) AS i"
             .to_string(),

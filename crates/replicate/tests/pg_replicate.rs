@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use dedupwire_replicate::pg::{
-    BodyType, PgError, PgSink, PgSinkConfig, PgSource, PgSourceConfig, Tables,
+    server, BodyType, PgError, PgSink, PgSinkConfig, PgSource, PgSourceConfig, Plugin, Tables,
 };
 use dedupwire_replicate::{Change, ChangeSink, ChangeSource, Op};
 use postgres::Client;
@@ -342,8 +342,9 @@ fn interleaved_transactions_replay_identically() {
     // The case this test is about did happen: A's numbering ran past A's commit end.
     let commit_ends: Vec<u64> = src
         .query(
-            "SELECT lsn::text FROM pg_logical_slot_peek_changes($1, NULL, NULL, 'format-version', '2')
-              WHERE data LIKE '{\"action\":\"C\"%'",
+            "SELECT lsn::text FROM pg_logical_slot_peek_binary_changes($1::text::name, NULL, NULL,
+                    'proto_version', '1', 'publication_names', $1::text)
+              WHERE get_byte(data, 0) = ascii('C')",
             &[&SLOT],
         )
         .unwrap()
@@ -588,6 +589,92 @@ fn clear_errors() {
     assert!(pos > first[0].pos);
     source.ack(pos).unwrap();
     assert!(source.poll(10).unwrap().is_empty());
+}
+
+/// A new slot decodes with pgoutput, which a server with default settings allows. wal2json is
+/// an option: where `output_plugin_libraries` (PostgreSQL's 2026 security releases) refuses
+/// it, the error names that setting; where it is allowed, a wal2json slot replicates exactly,
+/// and keeps its plugin when reopened by a source configured for pgoutput.
+#[test]
+fn pgoutput_by_default_and_wal2json_only_where_allowed() {
+    let Some(pg) = support::start() else { return };
+    let src_url = pg.create_database("src");
+    let mut src = pg.client("src");
+    src.batch_execute("CREATE TABLE docs (id text PRIMARY KEY, body jsonb NOT NULL)")
+        .unwrap();
+    let restricted = src
+        .query_opt(
+            "SELECT 1 FROM pg_settings WHERE name = 'output_plugin_libraries'",
+            &[],
+        )
+        .unwrap()
+        .is_some();
+    let wal2json = |tables| PgSourceConfig {
+        plugin: Plugin::Wal2Json,
+        ..source_config(tables)
+    };
+    if restricted {
+        expect_err(
+            PgSource::connect(&src_url, wal2json(Tables::All)),
+            "wal2json refused",
+            &["output_plugin_libraries", "wal2json", "pgoutput"],
+        );
+    }
+    let source = open_source(&src_url, Tables::All);
+    let slot_plugin = |client: &mut Client| -> String {
+        client
+            .query_one(
+                "SELECT plugin::text FROM pg_replication_slots WHERE slot_name = $1",
+                &[&SLOT],
+            )
+            .unwrap()
+            .get(0)
+    };
+    assert_eq!(slot_plugin(&mut src), "pgoutput");
+    source.drop_slot().unwrap();
+    drop(src);
+    drop(pg);
+
+    let lib = server::find_bindir(None)
+        .ok()
+        .and_then(|b| b.parent().map(|p| p.join("lib/wal2json.so")));
+    if !lib.is_some_and(|l| l.is_file()) {
+        eprintln!("SKIP: wal2json is not installed; only pgoutput was checked");
+        return;
+    }
+    let settings: &[(&str, &str)] = if restricted {
+        &[("output_plugin_libraries", "pgoutput,test_decoding,wal2json")]
+    } else {
+        &[]
+    };
+    let Some(pg) = support::start_with(settings) else {
+        return;
+    };
+    let src_url = pg.create_database("src");
+    let rep_url = pg.create_database("replica");
+    let mut src = pg.client("src");
+    let mut rep = pg.client("replica");
+    src.batch_execute("CREATE TABLE docs (id text PRIMARY KEY, body jsonb NOT NULL)")
+        .unwrap();
+    let mut source = PgSource::connect(&src_url, wal2json(Tables::All)).unwrap();
+    let mut sink = open_sink(&rep_url);
+    src.batch_execute(&format!(
+        "INSERT INTO docs SELECT 'd' || i, jsonb_build_object('n', i) FROM generate_series(1, 20) i;
+         UPDATE docs SET body = jsonb_build_object('big', {BIG}) WHERE id = 'd3';
+         UPDATE docs SET id = 'moved' WHERE id = 'd4';
+         DELETE FROM docs WHERE id = 'd5';"
+    ))
+    .unwrap();
+    replicate(&mut source, &mut sink, 7);
+    assert_same(&mut src, &mut rep, "docs", "docs");
+    drop(source);
+    // Reopened with the default configuration: the slot keeps decoding with wal2json.
+    let mut source = open_source(&src_url, Tables::All);
+    src.batch_execute("UPDATE docs SET body = '{\"n\": 0}' WHERE id = 'd1'")
+        .unwrap();
+    replicate(&mut source, &mut sink, 7);
+    assert_same(&mut src, &mut rep, "docs", "docs");
+    assert_eq!(slot_plugin(&mut src), "wal2json");
 }
 
 #[test]

@@ -8,7 +8,7 @@
 pub const COPY_TABLE: &str = "dedupwire_copy";
 
 /// Which transactions a snapshot sees (`pg_current_snapshot()`, as `xmin:xmax:xip,...`), by
-/// 32-bit transaction id as wal2json prints them.
+/// 32-bit transaction id as the output plugins give them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Snapshot {
     xmin: u32,

@@ -11,10 +11,13 @@
 //!
 //! # Server requirements (source)
 //!
-//! `wal_level = logical`, a free replication slot (`max_replication_slots`), the
-//! [wal2json](https://github.com/eulerto/wal2json) output plugin (Debian:
-//! `postgresql-15-wal2json`), and a role with the `REPLICATION` attribute (or a superuser) that
-//! owns the document tables when [`PgSourceConfig::replica_identity_full`] is on (the default).
+//! `wal_level = logical`, a free replication slot (`max_replication_slots`), and a role with the
+//! `REPLICATION` attribute (or a superuser) that owns the document tables when
+//! [`PgSourceConfig::replica_identity_full`] is on (the default). Changes are decoded with
+//! pgoutput, the output plugin built into PostgreSQL, from a publication the source creates
+//! before the slot when missing ([`PgSourceConfig::publication`]; `FOR ALL TABLES` needs a
+//! superuser). The [wal2json](https://github.com/eulerto/wal2json) plugin is an option
+//! ([`Plugin::Wal2Json`]) where the server has it and its `output_plugin_libraries` lists it.
 //! With [`PgSourceConfig::initial_copy`] (the default), the role also creates and writes the
 //! table [`COPY_TABLE`] in `public`, where a new slot's copy is remembered until acknowledged.
 //!
@@ -32,6 +35,9 @@
 
 mod copy;
 mod doc_store;
+#[doc(hidden)]
+pub mod pgoutput;
+mod record;
 pub mod server;
 mod sink;
 mod source;
@@ -40,7 +46,7 @@ mod wal2json;
 pub use copy::COPY_TABLE;
 pub use doc_store::PgDocStore;
 pub use sink::{BodyType, PgSink, PgSinkConfig, POSITION_TABLE};
-pub use source::{PgSource, PgSourceConfig, Tables, LEDGER_TABLE};
+pub use source::{PgSource, PgSourceConfig, Plugin, Tables, LEDGER_TABLE};
 
 use postgres::{Client, Config, GenericClient, NoTls};
 
@@ -69,7 +75,7 @@ pub enum PgError {
         #[source]
         source: postgres::Error,
     },
-    /// The server is not set up for logical decoding (wal_level, wal2json, slot).
+    /// The server is not set up for logical decoding (wal_level, plugin, publication, slot).
     #[error("PostgreSQL setup: {0}")]
     Setup(String),
     /// A table is not a document table (missing, no `id`/`body`, `id` not the primary key).
@@ -81,7 +87,7 @@ pub enum PgError {
         problem: String,
     },
     /// A change that this adapter cannot turn into a document change (TRUNCATE, an update
-    /// without its body, malformed wal2json output).
+    /// without its body, malformed plugin output).
     #[error("change at LSN {lsn}: {problem}")]
     Unsupported {
         /// The change's position, when it has one: acknowledging it skips the change.

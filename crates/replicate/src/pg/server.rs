@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-/// The Debian packages that provide the server and the wal2json plugin.
-pub const PACKAGES: &str = "postgresql-15 postgresql-15-wal2json";
+/// The Debian package that provides the server (its built-in pgoutput plugin is all a source
+/// needs; `postgresql-15-wal2json` adds the optional wal2json plugin).
+pub const PACKAGES: &str = "postgresql-15";
 
 /// A running server; stopped and deleted on drop.
 pub struct PgServer {
@@ -23,7 +24,7 @@ pub struct PgServer {
     port: u16,
 }
 
-/// Finds server binaries with wal2json beside them: `explicit`, else `$PG_BINDIR`, else
+/// Finds server binaries: `explicit`, else `$PG_BINDIR`, else
 /// `/usr/lib/postgresql/15/bin`, else the newest `/usr/lib/postgresql/*/bin`; or says what is
 /// missing and how to install it.
 pub fn find_bindir(explicit: Option<&Path>) -> Result<PathBuf, String> {
@@ -54,15 +55,10 @@ pub fn find_bindir(explicit: Option<&Path>) -> Result<PathBuf, String> {
             missing.push(format!("no PostgreSQL server in {}", bin.display()));
             continue;
         }
-        let lib = bin.parent().map(|p| p.join("lib")).unwrap_or_default();
-        if !lib.join("wal2json.so").is_file() {
-            missing.push(format!("no wal2json.so in {}", lib.display()));
-            continue;
-        }
         return Ok(bin);
     }
     Err(format!(
-        "PostgreSQL server binaries with wal2json are needed ({}): install them with \
+        "PostgreSQL server binaries are needed ({}): install them with \
          `apt-get install -y {PACKAGES}` (or set PG_BINDIR)",
         missing.join("; ")
     ))

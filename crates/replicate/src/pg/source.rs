@@ -1,4 +1,5 @@
-//! [`PgSource`]: a document table's changes from a logical replication slot (wal2json).
+//! [`PgSource`]: a document table's changes from a logical replication slot (pgoutput, or
+//! wal2json where the server allows it).
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
@@ -6,10 +7,11 @@ use std::time::Duration;
 use postgres::Client;
 
 use super::copy::{Snapshot, COPY_TABLE};
-use super::wal2json::{self, Numbering, Record, RowChange, Value};
+use super::record::{Numbering, Record, RowChange, Value};
 use super::{
     connect, format_lsn, inspect_table, parse_lsn, query_err, PgError, TableInfo, TableName,
 };
+use super::{pgoutput, wal2json};
 use crate::{Change, ChangeSource, Op};
 
 /// Which tables a [`PgSource`] replicates.
@@ -22,16 +24,52 @@ pub enum Tables {
     All,
     /// These tables (`name` for `public.name`, or `schema.name`), checked when the source
     /// opens: each must exist and have `id` (its primary key) and `body`. Only their changes
-    /// are decoded (wal2json `add-tables`).
+    /// are decoded (the publication lists them; wal2json `add-tables`).
     Only(Vec<String>),
+}
+
+/// The output plugin a new slot decodes with (an existing slot keeps the one it was made with).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Plugin {
+    /// `pgoutput`, built into PostgreSQL and allowed by every server: changes of the tables in
+    /// a publication.
+    #[default]
+    PgOutput,
+    /// The `wal2json` extension, where the server has it and its `output_plugin_libraries`
+    /// lists it.
+    Wal2Json,
+}
+
+impl Plugin {
+    /// The plugin's name in `pg_replication_slots`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Plugin::PgOutput => "pgoutput",
+            Plugin::Wal2Json => "wal2json",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Plugin> {
+        match name {
+            "pgoutput" => Some(Plugin::PgOutput),
+            "wal2json" => Some(Plugin::Wal2Json),
+            _ => None,
+        }
+    }
 }
 
 /// How a [`PgSource`] is set up.
 #[derive(Debug, Clone)]
 pub struct PgSourceConfig {
-    /// The logical replication slot (created with the wal2json plugin if missing). One slot
-    /// per replica; only the source advances it.
+    /// The logical replication slot (created with [`PgSourceConfig::plugin`] if missing). One
+    /// slot per replica; only the source advances it.
     pub slot: String,
+    /// The plugin a slot this source creates decodes with.
+    pub plugin: Plugin,
+    /// The publication a pgoutput slot reads (`None`: named like the slot). Created if missing,
+    /// before the slot: `FOR ALL TABLES` for [`Tables::All`] (needs a superuser), else
+    /// `FOR TABLE` the listed tables. An existing publication is used as it is.
+    pub publication: Option<String>,
     /// Which tables to replicate.
     pub tables: Tables,
     /// Set `REPLICA IDENTITY FULL` on every replicated table that does not have it (needs the
@@ -52,6 +90,8 @@ impl Default for PgSourceConfig {
     fn default() -> Self {
         PgSourceConfig {
             slot: "dedupwire".to_string(),
+            plugin: Plugin::PgOutput,
+            publication: None,
             tables: Tables::All,
             replica_identity_full: true,
             skip_truncate: false,
@@ -79,6 +119,9 @@ struct Restart {
     lsn: u64,
 }
 
+/// One row of a peek: its LSN and the plugin's output.
+type Row = (u64, Vec<u8>);
+
 /// A change, or why the record at `pos` cannot be one.
 type Item = Result<Change, (u64, PgError)>;
 
@@ -105,16 +148,17 @@ enum CopyPhase {
     Sent { last: u64, rewound: bool },
 }
 
-/// About how many bytes of wal2json output one peek reads: polls are served from them, so the
+/// About how many bytes of plugin output one peek reads: polls are served from them, so the
 /// changes in flight (re-read by every peek, which starts at the slot) are a small part of it.
 const PEEK_BYTES: usize = 64 << 20;
 
-/// Changes of document tables read from a logical replication slot with the wal2json plugin.
+/// Changes of document tables read from a logical replication slot with the pgoutput plugin
+/// (or wal2json, see [`Plugin`]).
 ///
-/// `poll` *peeks* (`pg_logical_slot_peek_changes`), so nothing is consumed: the slot keeps
-/// every change until `ack`, and a source reopened after a crash (or [`rewind`]) returns the
-/// unacknowledged changes again, with the same positions. A peek reads a large window (about
-/// 64 MB of wal2json output) that later polls are served from; a change once returned is not
+/// `poll` *peeks* (`pg_logical_slot_peek_binary_changes`), so nothing is consumed: the slot
+/// keeps every change until `ack`, and a source reopened after a crash (or [`rewind`]) returns
+/// the unacknowledged changes again, with the same positions. A peek reads a large window
+/// (about 64 MB of plugin output) that later polls are served from; a change once returned is not
 /// returned again until `rewind`, so the batches in flight are not shipped twice.
 ///
 /// [`rewind`]: ChangeSource::rewind
@@ -126,7 +170,7 @@ const PEEK_BYTES: usize = 64 << 20;
 /// replica) up to below the slot's start, so they come before every change of the stream. A
 /// transaction that committed after the slot's start but before the snapshot is in both; the
 /// stream leaves out every transaction the snapshot sees (by transaction id, wal2json
-/// `include-xids`), so each change reaches the replica once, through the copy or the stream.
+/// and pgoutput both carry it), so each change reaches the replica once, through the copy or the stream.
 /// The debt and that first snapshot are kept in the source table `dedupwire_copy` (see
 /// [`COPY_TABLE`]) until the copy is acknowledged whole. A copy cut off by a restart starts
 /// again from the beginning in a new snapshot, at positions after the replica's: rows copied
@@ -162,6 +206,8 @@ pub struct PgSource {
     /// Transactions the first copy holds, left out of the stream; and the WAL position
     /// after which none of them can be.
     filter: Option<(Snapshot, u64)>,
+    /// The slot's plugin (read from the slot once it exists).
+    plugin: Plugin,
     /// wal2json `add-tables` for [`Tables::Only`].
     add_tables: Option<String>,
     /// Document tables by name; `None` = seen, not a document table (forgotten every poll).
@@ -174,7 +220,7 @@ pub struct PgSource {
     buffer: VecDeque<Item>,
     /// Whether the last peek reached the end of the WAL.
     exhausted: bool,
-    /// Mean size of a wal2json row in the last peek, to size the next one.
+    /// Mean size of a plugin output row in the last peek, to size the next one.
     row_bytes: usize,
     /// The slot's `confirmed_flush_lsn` as last read or set.
     confirmed: u64,
@@ -204,8 +250,8 @@ impl std::fmt::Debug for PgSource {
 impl PgSource {
     /// Connects (`conn`: `host=... port=... dbname=... user=...` or a `postgresql://` URL),
     /// checks `wal_level`, checks the tables (and sets `REPLICA IDENTITY FULL` if configured),
-    /// and creates the slot with the wal2json plugin if it does not exist. Creating a slot waits
-    /// for transactions running at that moment to finish.
+    /// and creates the publication and the slot if they do not exist. Creating a slot waits for
+    /// transactions running at that moment to finish.
     pub fn connect(conn: &str, config: PgSourceConfig) -> Result<Self, PgError> {
         let mut client = connect(conn, "dedupwire-source")?;
         let wal_level: String = client
@@ -223,6 +269,7 @@ impl PgSource {
             conn: conn.to_string(),
             copy: CopyPhase::Idle,
             filter: None,
+            plugin: config.plugin,
             add_tables: None,
             tables: HashMap::new(),
             acked: None,
@@ -273,13 +320,22 @@ impl PgSource {
         Ok(self.confirmed)
     }
 
-    /// Drops the replication slot (the server then stops keeping WAL for it). Replication
-    /// from this slot cannot resume afterwards.
+    /// Drops the replication slot (the server then stops keeping WAL for it), and the
+    /// publication named like it that the source made. Replication from this slot cannot
+    /// resume afterwards.
     pub fn drop_slot(mut self) -> Result<(), PgError> {
         let slot = self.config.slot.clone();
         self.client
             .execute("SELECT pg_drop_replication_slot($1::text::name)", &[&slot])
             .map_err(query_err(format!("dropping replication slot {slot}")))?;
+        if self.plugin == Plugin::PgOutput && self.config.publication.is_none() {
+            self.client
+                .batch_execute(&format!(
+                    "DROP PUBLICATION IF EXISTS {}",
+                    quote_ident(&slot)
+                ))
+                .map_err(query_err(format!("dropping publication {slot}")))?;
+        }
         self.forget_copy()
     }
 
@@ -614,7 +670,7 @@ impl PgSource {
         Ok(())
     }
 
-    /// Checks the slot, or creates it; says whether it did.
+    /// Checks the slot, or creates it (its publication first); says whether it did.
     fn ensure_slot(&mut self) -> Result<bool, PgError> {
         let slot = self.config.slot.clone();
         let row = self
@@ -630,35 +686,55 @@ impl PgSource {
             let kind: String = row.get(1);
             let database: Option<String> = row.get(2);
             let current: String = row.get(3);
-            if kind != "logical" || plugin.as_deref() != Some("wal2json") {
+            let known = plugin.as_deref().and_then(Plugin::from_name);
+            let Some(known) = known.filter(|_| kind == "logical") else {
                 return Err(PgError::Setup(format!(
                     "replication slot {slot} exists but is a {kind} slot with plugin {}; it must be a \
-                     logical slot with plugin wal2json (choose another slot name)",
+                     logical slot with plugin pgoutput or wal2json (choose another slot name)",
                     plugin.as_deref().unwrap_or("(none)")
                 )));
-            }
+            };
             if database.as_deref() != Some(current.as_str()) {
                 return Err(PgError::Setup(format!(
                     "replication slot {slot} belongs to database {}, not {current} (choose another slot name)",
                     database.as_deref().unwrap_or("(none)")
                 )));
             }
+            self.plugin = known;
+            if known == Plugin::PgOutput {
+                self.ensure_publication()?;
+            }
             return Ok(false);
+        }
+        self.plugin = self.config.plugin;
+        // Before the slot: pgoutput cannot decode WAL written before its publication existed.
+        if self.plugin == Plugin::PgOutput {
+            self.ensure_publication()?;
         }
         if self.config.initial_copy {
             self.owe_copy()?;
         }
+        let plugin = self.plugin.name();
         self.client
             .execute(
-                "SELECT pg_create_logical_replication_slot($1::text::name, 'wal2json')",
-                &[&slot],
+                "SELECT pg_create_logical_replication_slot($1::text::name, $2::text::name)",
+                &[&slot, &plugin],
             )
             .map_err(|e| {
                 let text = e.to_string();
-                if text.contains("wal2json") && (text.contains("could not access file") || text.contains("No such file")) {
+                let db_text = e.as_db_error().map(|d| d.message().to_string()).unwrap_or_default();
+                if db_text.contains("may not be used as an output plugin") {
+                    PgError::Setup(format!(
+                        "the server refuses the {plugin} output plugin: its setting \
+                         output_plugin_libraries does not list it ({db_text}). Use the default \
+                         plugin, pgoutput, or add {plugin} to output_plugin_libraries in \
+                         postgresql.conf and reload the server"
+                    ))
+                } else if plugin == "wal2json" && (text.contains("could not access file") || text.contains("No such file")) {
                     PgError::Setup(format!(
                         "the wal2json output plugin is not installed on the server \
-                         (Debian/Ubuntu: apt-get install postgresql-15-wal2json, matching the server's version): {text}"
+                         (Debian/Ubuntu: apt-get install postgresql-15-wal2json, matching the server's version; \
+                         or use the default plugin, pgoutput): {text}"
                     ))
                 } else {
                     PgError::Query {
@@ -668,6 +744,117 @@ impl PgSource {
                 }
             })?;
         Ok(true)
+    }
+
+    /// The publication a pgoutput slot reads.
+    fn publication(&self) -> &str {
+        self.config
+            .publication
+            .as_deref()
+            .unwrap_or(&self.config.slot)
+    }
+
+    /// Checks that an existing publication publishes every replicated table: one named like
+    /// the slot (this source's own) gains the listed tables it lacks; any other is refused,
+    /// since the missing tables' changes would never be decoded.
+    fn check_publication(&mut self, name: &str) -> Result<(), PgError> {
+        let all: bool = self
+            .client
+            .query_one(
+                "SELECT puballtables FROM pg_publication WHERE pubname = $1::text::name",
+                &[&name],
+            )
+            .map_err(query_err("reading pg_publication"))?
+            .get(0);
+        if all {
+            return Ok(());
+        }
+        let Tables::Only(list) = &self.config.tables else {
+            return Err(PgError::Setup(format!(
+                "publication {name} exists but is not FOR ALL TABLES, so the document tables it \
+                 leaves out would never be replicated: list the tables to replicate, or drop the \
+                 publication (the source then creates it), or name another one"
+            )));
+        };
+        let mut missing = Vec::new();
+        for table in list {
+            let t = TableName::parse(table);
+            let found = self
+                .client
+                .query_opt(
+                    "SELECT 1 FROM pg_publication_tables WHERE pubname = $1::text::name \
+                     AND schemaname = $2::text::name AND tablename = $3::text::name",
+                    &[&name, &t.schema, &t.table],
+                )
+                .map_err(query_err("reading pg_publication_tables"))?
+                .is_some();
+            if !found {
+                missing.push(t);
+            }
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = missing.iter().map(TableName::quoted).collect();
+        if self.config.publication.is_some() {
+            return Err(PgError::Setup(format!(
+                "publication {name} does not publish {}: add them (ALTER PUBLICATION {} ADD TABLE {}) \
+                 or name another publication",
+                names.join(", "),
+                quote_ident(name),
+                names.join(", ")
+            )));
+        }
+        self.client
+            .batch_execute(&format!(
+                "ALTER PUBLICATION {} ADD TABLE {}",
+                quote_ident(name),
+                names.join(", ")
+            ))
+            .map_err(query_err(format!("adding tables to publication {name}")))
+    }
+
+    /// Creates the publication if it does not exist.
+    fn ensure_publication(&mut self) -> Result<(), PgError> {
+        let name = self.publication().to_string();
+        let exists = self
+            .client
+            .query_opt(
+                "SELECT 1 FROM pg_publication WHERE pubname = $1::text::name",
+                &[&name],
+            )
+            .map_err(query_err("reading pg_publication"))?
+            .is_some();
+        if exists {
+            return self.check_publication(&name);
+        }
+        let (what, hint) = match &self.config.tables {
+            Tables::All => (
+                "FOR ALL TABLES".to_string(),
+                "FOR ALL TABLES needs a superuser; or create the publication yourself, \
+                 FOR TABLE the document tables, and name it with the source's publication option"
+                    .to_string(),
+            ),
+            Tables::Only(list) => {
+                let names: Vec<String> =
+                    list.iter().map(|t| TableName::parse(t).quoted()).collect();
+                (
+                    format!("FOR TABLE {}", names.join(", ")),
+                    "FOR TABLE needs the tables' owner and the CREATE privilege on the database"
+                        .to_string(),
+                )
+            }
+        };
+        let sql = format!("CREATE PUBLICATION {} {what}", quote_ident(&name));
+        match self.client.batch_execute(&sql) {
+            Ok(()) => Ok(()),
+            // Another source created it meanwhile.
+            Err(e) if e.code() == Some(&postgres::error::SqlState::DUPLICATE_OBJECT) => Ok(()),
+            Err(e) => Err(PgError::Query {
+                context: format!("creating publication {name} ({hint})"),
+                source: e,
+            }),
+        }
     }
 
     fn read_confirmed(&mut self) -> Result<u64, PgError> {
@@ -693,23 +880,40 @@ impl PgSource {
     }
 
     /// Peeks up to about `limit` rows (whole transactions) from the slot's restart point;
-    /// returns the restart point and the rows. Retries if the slot moved meanwhile.
-    fn peek(&mut self, limit: usize) -> Result<(u64, Vec<(u64, String)>), PgError> {
+    /// returns the restart point and the rows (LSN, the plugin's output). Retries if the slot
+    /// moved meanwhile.
+    fn peek(&mut self, limit: usize) -> Result<(u64, Vec<Row>), PgError> {
         let slot = self.config.slot.clone();
-        let mut options: Vec<String> = wal2json::OPTIONS.iter().map(|s| s.to_string()).collect();
-        if let Some(add) = &self.add_tables {
-            options.push("add-tables".to_string());
-            options.push(add.clone());
-        }
+        let (sql, options) = match self.plugin {
+            Plugin::PgOutput => {
+                let mut options: Vec<String> =
+                    pgoutput::OPTIONS.iter().map(|s| s.to_string()).collect();
+                options.push("publication_names".to_string());
+                options.push(quote_ident(self.publication()));
+                (
+                    "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes($1::text::name, NULL, $2::int4, VARIADIC $3::text[])",
+                    options,
+                )
+            }
+            Plugin::Wal2Json => {
+                let mut options: Vec<String> =
+                    wal2json::OPTIONS.iter().map(|s| s.to_string()).collect();
+                if let Some(add) = &self.add_tables {
+                    options.push("add-tables".to_string());
+                    options.push(add.clone());
+                }
+                (
+                    "SELECT lsn::text, convert_to(data, 'UTF8') FROM pg_logical_slot_peek_changes($1::text::name, NULL, $2::int4, VARIADIC $3::text[])",
+                    options,
+                )
+            }
+        };
         let limit = i32::try_from(limit).unwrap_or(i32::MAX);
         loop {
             let start = self.read_confirmed()?;
             let rows = self
                 .client
-                .query(
-                    "SELECT lsn::text, data FROM pg_logical_slot_peek_changes($1::text::name, NULL, $2::int4, VARIADIC $3::text[])",
-                    &[&slot, &limit, &options],
-                )
+                .query(sql, &[&slot, &limit, &options])
                 .map_err(query_err(format!("peeking changes from slot {slot}")))?;
             if self.read_confirmed()? != start {
                 continue;
@@ -726,6 +930,25 @@ impl PgSource {
                 out.push((lsn, row.get(1)));
             }
             return Ok((start, out));
+        }
+    }
+
+    /// The records of one row of plugin output.
+    fn records(
+        &self,
+        decoder: &mut pgoutput::Decoder,
+        data: &[u8],
+        out: &mut Vec<Record>,
+    ) -> Result<(), String> {
+        out.clear();
+        match self.plugin {
+            Plugin::PgOutput => decoder.decode(data, out),
+            Plugin::Wal2Json => {
+                let text = std::str::from_utf8(data)
+                    .map_err(|_| "wal2json output is not UTF-8".to_string())?;
+                out.push(wal2json::parse(text)?);
+                Ok(())
+            }
         }
     }
 
@@ -754,59 +977,64 @@ impl PgSource {
 
     /// Numbers the rows from restart point `start`, turns document-table records into items,
     /// and records the window's restart points.
-    fn decode(&mut self, start: u64, rows: &[(u64, String)]) -> Result<Vec<Item>, PgError> {
+    fn decode(&mut self, start: u64, rows: &[Row]) -> Result<Vec<Item>, PgError> {
         let mut numbering = Numbering::new(start);
         let mut items = Vec::new();
         let mut covered: Option<u64> = None;
         let mut restarts = Vec::new();
         let mut xid: Option<u32> = None;
+        let mut decoder = pgoutput::Decoder::new();
+        let mut records = Vec::new();
         for (lsn, data) in rows {
-            let record = wal2json::parse(data).map_err(|problem| PgError::Unsupported {
-                pos: None,
-                lsn: format_lsn(*lsn),
-                problem,
-            })?;
-            match record {
-                Record::Begin(x) => xid = x,
-                Record::Other => {}
-                Record::Commit => {
-                    if numbering.commit(*lsn) {
-                        restarts.push(Restart { covered, lsn: *lsn });
+            self.records(&mut decoder, data, &mut records)
+                .map_err(|problem| PgError::Unsupported {
+                    pos: None,
+                    lsn: format_lsn(*lsn),
+                    problem,
+                })?;
+            for record in records.drain(..) {
+                match record {
+                    Record::Begin(x) => xid = x,
+                    Record::Other => {}
+                    Record::Commit => {
+                        if numbering.commit(*lsn) {
+                            restarts.push(Restart { covered, lsn: *lsn });
+                        }
                     }
-                }
-                Record::Change(change) => {
-                    let width = change.width();
-                    let pos = numbering.change(*lsn, width);
-                    // In the initial copy already.
-                    if let (Some((snapshot, _)), Some(x)) = (&self.filter, xid) {
-                        if snapshot.sees(x) {
+                    Record::Change(change) => {
+                        let width = change.width();
+                        let pos = numbering.change(*lsn, width);
+                        // In the initial copy already.
+                        if let (Some((snapshot, _)), Some(x)) = (&self.filter, xid) {
+                            if snapshot.sees(x) {
+                                continue;
+                            }
+                        }
+                        let name = TableName {
+                            schema: change.schema.clone(),
+                            table: change.table.clone(),
+                        };
+                        if !self.is_document_table(&name)? {
                             continue;
                         }
-                    }
-                    let name = TableName {
-                        schema: change.schema.clone(),
-                        table: change.table.clone(),
-                    };
-                    if !self.is_document_table(&name)? {
-                        continue;
-                    }
-                    match self.to_changes(&name, &change, pos) {
-                        // A skipped truncate: nothing to acknowledge.
-                        Ok(changes) if changes.is_empty() => {}
-                        Ok(changes) => {
-                            covered = changes.last().map(|c| c.pos);
-                            items.extend(changes.into_iter().map(Ok));
-                        }
-                        Err(problem) => {
-                            covered = Some(pos + width - 1);
-                            items.push(Err((
-                                pos,
-                                PgError::Unsupported {
-                                    pos: Some(pos),
-                                    lsn: format_lsn(*lsn),
-                                    problem: format!("table {name}: {problem}"),
-                                },
-                            )));
+                        match self.to_changes(&name, &change, pos) {
+                            // A skipped truncate: nothing to acknowledge.
+                            Ok(changes) if changes.is_empty() => {}
+                            Ok(changes) => {
+                                covered = changes.last().map(|c| c.pos);
+                                items.extend(changes.into_iter().map(Ok));
+                            }
+                            Err(problem) => {
+                                covered = Some(pos + width - 1);
+                                items.push(Err((
+                                    pos,
+                                    PgError::Unsupported {
+                                        pos: Some(pos),
+                                        lsn: format_lsn(*lsn),
+                                        problem: format!("table {name}: {problem}"),
+                                    },
+                                )));
+                            }
                         }
                     }
                 }
@@ -881,7 +1109,7 @@ impl PgSource {
                  pg_replication_slot_advance('{}', ...), or set skip_truncate",
                 self.config.slot
             )),
-            other => Err(format!("unknown wal2json action {other:?}")),
+            other => Err(format!("unknown change action {other:?}")),
         }
     }
 
@@ -1151,6 +1379,11 @@ impl ChangeSource for PgSource {
     }
 }
 
+/// Quotes an SQL identifier (`"` doubled), as publication names are read.
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
 /// Escapes a name for wal2json's `add-tables` (`.`, `,`, `*`, space, quote, backslash).
 fn escape_add_tables(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
@@ -1165,7 +1398,13 @@ fn escape_add_tables(name: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::escape_add_tables;
+    use super::{escape_add_tables, quote_ident};
+
+    #[test]
+    fn identifiers_are_quoted() {
+        assert_eq!(quote_ident("dedupwire"), "\"dedupwire\"");
+        assert_eq!(quote_ident("a\"B,c"), "\"a\"\"B,c\"");
+    }
 
     #[test]
     fn add_tables_escaping() {
