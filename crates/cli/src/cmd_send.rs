@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use dedupwire_analyze::report::human_bytes;
 use dedupwire_engine::chunk::ChunkerSpec;
-use dedupwire_sync::{manifest, send, BoundedStore, SendCache, SendOptions};
+use dedupwire_sync::{manifest, send, BoundedStore, SendCache, SendOptions, SendReport};
 use dedupwire_wire::{ChannelConfig, DedupStream, Mode, Role};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
@@ -171,27 +172,10 @@ pub fn run(args: Args) -> Result<()> {
         }
     }
     if !args.quiet {
-        eprintln!(
-            "{}{name}: {} new, {} changed, {} unchanged, {} deleted files; {} files ({} bytes) \
-             {}; {} bytes on the wire out, {} in; {elapsed:.2} s",
-            if args.dry_run {
-                "dry run, nothing changed: "
-            } else {
-                ""
-            },
-            d.files_new,
-            d.files_changed,
-            d.files_unchanged,
-            d.files_deleted,
-            report.files_sent,
-            report.bytes_needed,
-            if args.dry_run {
-                "would travel"
-            } else {
-                "travelled"
-            },
-            c.socket_bytes_sent,
-            c.socket_bytes_received,
+        let tree_bytes = scan.manifest.entries.iter().map(|e| e.size()).sum();
+        eprint!(
+            "{}",
+            summary(name, args.dry_run, tree_bytes, &report, elapsed)
         );
     }
     if let Some(path) = &args.json {
@@ -235,4 +219,135 @@ pub fn run(args: Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The summary a person reads after a send: the tree and its changes, the contents that
+/// travelled and the bytes on the wire in binary units, the ratio of contents to bytes sent,
+/// and rsync's "speedup" (tree size over bytes on the wire both ways).
+fn summary(
+    name: &str,
+    dry_run: bool,
+    tree_bytes: u64,
+    report: &SendReport,
+    elapsed: f64,
+) -> String {
+    let d = &report.diff;
+    let c = &report.channel;
+    let files = d.files_new + d.files_changed + d.files_unchanged;
+    let plural = |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+    let mut s = format!(
+        "{}{name}: {}, {}: {} new, {} changed, {} unchanged, {} deleted\n",
+        if dry_run {
+            "dry run, nothing changed: "
+        } else {
+            ""
+        },
+        plural(files, "file", "files"),
+        human_bytes(tree_bytes),
+        d.files_new,
+        d.files_changed,
+        d.files_unchanged,
+        d.files_deleted,
+    );
+    let verb = if dry_run { "would travel" } else { "travelled" };
+    if report.files_sent == 0 {
+        s += &format!("  contents  none {verb}: the receiver holds them all\n");
+    } else {
+        s += &format!(
+            "  contents  {}, {} {verb}",
+            plural(report.files_sent, "file", "files"),
+            human_bytes(report.bytes_needed),
+        );
+        if report.files_delta > 0 {
+            s += &format!(
+                " ({} as {}: {} as {})",
+                report.files_delta,
+                if report.files_delta == 1 {
+                    "a delta"
+                } else {
+                    "deltas"
+                },
+                human_bytes(report.bytes_delta_files),
+                human_bytes(report.delta_bytes),
+            );
+        }
+        s += "\n";
+    }
+    let (out, back) = (c.socket_bytes_sent, c.socket_bytes_received);
+    s += &format!(
+        "  wire      {} out, {} in",
+        human_bytes(out),
+        human_bytes(back)
+    );
+    if dry_run {
+        s += " (the manifest and the plan)";
+    } else {
+        let mut ratios = Vec::new();
+        if report.bytes_needed > 0 && out > 0 {
+            ratios.push(format!(
+                "ratio {:.2} (contents / out)",
+                report.bytes_needed as f64 / out as f64
+            ));
+        }
+        if out + back > 0 {
+            ratios.push(format!(
+                "speedup {:.2} (tree / out and in, as rsync)",
+                tree_bytes as f64 / (out + back) as f64
+            ));
+        }
+        if !ratios.is_empty() {
+            s += ": ";
+            s += &ratios.join(", ");
+        }
+    }
+    s += &format!("\n  time      {elapsed:.2} s\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report() -> SendReport {
+        let mut r = SendReport::default();
+        r.diff.files_new = 4205;
+        r.files_sent = 4205;
+        r.bytes_needed = 112_412_403;
+        r.channel.socket_bytes_sent = 45_699_349;
+        r.channel.socket_bytes_received = 20_480;
+        r
+    }
+
+    #[test]
+    fn the_summary_speaks_in_binary_units_and_ratios() {
+        let s = summary("site", false, 112_412_403, &report(), 3.0);
+        assert_eq!(
+            s,
+            "site: 4205 files, 107.2 MiB: 4205 new, 0 changed, 0 unchanged, 0 deleted\n\
+             \x20 contents  4205 files, 107.2 MiB travelled\n\
+             \x20 wire      43.6 MiB out, 20.0 KiB in: ratio 2.46 (contents / out), \
+             speedup 2.46 (tree / out and in, as rsync)\n\
+             \x20 time      3.00 s\n"
+        );
+    }
+
+    #[test]
+    fn a_dry_run_and_an_unchanged_tree_give_no_ratio_they_cannot_have() {
+        let mut r = report();
+        let dry = summary("site", true, 1 << 20, &r, 0.1);
+        assert!(dry.starts_with("dry run, nothing changed: site: "), "{dry}");
+        assert!(dry.contains("would travel"), "{dry}");
+        assert!(!dry.contains("ratio"), "{dry}");
+        r.diff.files_new = 0;
+        r.diff.files_unchanged = 1;
+        r.files_sent = 0;
+        r.bytes_needed = 0;
+        r.channel.socket_bytes_sent = 1_000_000;
+        r.channel.socket_bytes_received = 28_000;
+        let same = summary("site", false, 1 << 20, &r, 0.1);
+        assert!(same.contains("site: 1 file, 1.0 MiB"), "{same}");
+        assert!(same.contains("none travelled"), "{same}");
+        assert!(!same.contains("ratio"), "{same}");
+        assert!(same.contains(": speedup 1.02 (tree"), "{same}");
+    }
 }

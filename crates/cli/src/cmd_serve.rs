@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use dedupwire_analyze::report::human_bytes;
 use dedupwire_sync::{serve, TreeRoot};
 use dedupwire_wire::{ChannelConfig, ChunkStore, DedupStream, EnvConfig, Environment, Key, Role};
 
@@ -139,8 +140,8 @@ fn receive(
     let s = channel.stats();
     let d = &r.diff;
     Ok(format!(
-        "{}{:?}: {} new, {} changed, {} unchanged, {} deleted; {} files ({} bytes) from the \
-         sender, {} bytes on the wire in, {} out",
+        "{}{:?}: {} new, {} changed, {} unchanged, {} deleted; {} files ({}) from the \
+         sender, {} on the wire in, {} out",
         if r.dry_run { "dry run of " } else { "" },
         r.name,
         d.files_new,
@@ -148,8 +149,8 @@ fn receive(
         d.files_unchanged,
         d.files_deleted,
         r.files_received,
-        r.bytes_received,
-        s.socket_bytes_received,
-        s.socket_bytes_sent
+        human_bytes(r.bytes_received),
+        human_bytes(s.socket_bytes_received),
+        human_bytes(s.socket_bytes_sent)
     ))
 }

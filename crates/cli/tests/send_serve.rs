@@ -351,6 +351,112 @@ fn a_tree_is_copied_exactly_then_updated_with_few_bytes() {
     let _ = fs::remove_dir_all(&dir);
 }
 
+/// `text` with every number as `N` and every size (a number and a binary unit) as `SIZE`.
+fn shape(text: &str) -> String {
+    let mut out = String::new();
+    let mut in_number = false;
+    for ch in text.chars() {
+        if ch.is_ascii_digit() || (in_number && ch == '.') {
+            if !in_number {
+                out.push('N');
+            }
+            in_number = true;
+        } else {
+            in_number = false;
+            out.push(ch);
+        }
+    }
+    ["N B", "N KiB", "N MiB", "N GiB"]
+        .iter()
+        .fold(out, |s, unit| s.replace(unit, "SIZE"))
+}
+
+/// The number after `before` in `text`.
+fn number_after(text: &str, before: &str) -> f64 {
+    let at = text
+        .find(before)
+        .unwrap_or_else(|| panic!("no {before:?} in {text}"))
+        + before.len();
+    let digits: String = text[at..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    digits.parse().unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+#[test]
+fn the_summary_is_in_binary_units_with_the_ratio_and_the_changes() {
+    let dir = tempdir("summary");
+    let key = dir.join("key");
+    generate_key(&key);
+    let (src, root) = (dir.join("src"), dir.join("root"));
+    make_tree(&src);
+    let server = Server::start(&root, &key, &[]);
+    let summary = |extra: &[&str]| {
+        let out = send_cmd(&src, &server.dest("t"), &key, extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = stderr(&out);
+        assert!(
+            !text
+                .split(|c: char| !c.is_ascii_digit())
+                .any(|n| n.len() >= 5),
+            "a raw byte count in the summary:\n{text}"
+        );
+        text
+    };
+
+    let first = summary(&[]);
+    assert_eq!(
+        shape(&first),
+        "t: N files, SIZE: N new, N changed, N unchanged, N deleted\n\
+         \x20 contents  N files, SIZE travelled\n\
+         \x20 wire      SIZE out, SIZE in: ratio N (contents / out), \
+         speedup N (tree / out and in, as rsync)\n\
+         \x20 time      N s\n",
+        "{first}"
+    );
+    assert!(
+        first.starts_with("t: 8 files, 3.2 MiB: 8 new, 0 changed"),
+        "{first}"
+    );
+    assert!(
+        first.contains("  contents  5 files, 3.2 MiB travelled\n"),
+        "{first}"
+    );
+    // Random bytes: the wire carries about what the contents hold.
+    let ratio = number_after(&first, "ratio ");
+    assert!((0.9..1.1).contains(&ratio), "{first}");
+
+    let mut big = fs::read(src.join("data/big.bin")).unwrap();
+    big[1_000_000..1_000_100].copy_from_slice(&[7; 100]);
+    write(&src.join("data/big.bin"), &big, 0o644, 1_700_000_000);
+    let dry = summary(&["--dry-run"]);
+    assert!(
+        shape(&dry).starts_with(
+            "dry run, nothing changed: t: N files, SIZE: N new, N changed, N unchanged, N deleted\n\
+             \x20 contents  N file, SIZE would travel\n\
+             \x20 wire      SIZE out, SIZE in (the manifest and the plan)\n"
+        ),
+        "{dry}"
+    );
+    let second = summary(&[]);
+    assert!(
+        second.starts_with("t: 8 files, 3.2 MiB: 0 new, 1 changed, 7 unchanged, 0 deleted\n"),
+        "{second}"
+    );
+    assert!(
+        shape(&second)
+            .contains("  contents  N file, SIZE travelled (N as a delta: SIZE as SIZE)\n"),
+        "{second}"
+    );
+    let ratio = number_after(&second, "ratio ");
+    let speedup = number_after(&second, "speedup ");
+    assert!(ratio > 50.0 && speedup > 50.0, "{second}");
+    let _ = fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_wrong_key_is_refused_and_the_tree_untouched() {
     let dir = tempdir("key");
