@@ -78,7 +78,8 @@ pub trait ChunkStore: Send + Sync {
     /// Whether the store holds `id` now.
     fn contains(&self, id: &ChunkId) -> Result<bool, StoreError>;
     /// The chunk's bytes, if held; the store checks them against its own checksum and reports
-    /// damage as [`StoreError::Corrupt`] rather than returning wrong bytes.
+    /// damage as [`StoreError::Corrupt`] rather than returning wrong bytes, and then drops the
+    /// chunk (the channel asks its peer for it again and `put`s the good copy).
     fn get(&self, id: &ChunkId) -> Result<Option<Vec<u8>>, StoreError>;
     /// Keeps `data` under `id` (the caller has verified that `id` names `data`); storing an id
     /// already held is a cheap no-op.
@@ -141,6 +142,19 @@ pub fn check_note_key(key: &str) -> Result<(), StoreError> {
 }
 
 /// Refuses a note a store cannot keep.
+/// `store.get(id)`, with a chunk the store found damaged taken as one it lacks: the channel
+/// then asks the peer for it again (NEED/RAW, or no delta against it), so one bad chunk costs
+/// one chunk's bytes, not the whole message. A store drops what it reports damaged.
+pub(crate) fn get_intact(
+    store: &dyn ChunkStore,
+    id: &ChunkId,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    match store.get(id) {
+        Err(StoreError::Corrupt(_)) => Ok(None),
+        other => other,
+    }
+}
+
 pub(crate) fn check_note(key: &str, note: &[u8]) -> Result<(), StoreError> {
     check_note_key(key)?;
     if note.len() > MAX_NOTE_BYTES {

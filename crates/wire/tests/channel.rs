@@ -736,6 +736,37 @@ fn a_receivers_environment_keeps_each_byte_once_across_levels() {
     );
 }
 
+/// A chunk whose stored bytes went bad costs its own bytes again, not the message: the
+/// receiver asks for it (NEED), keeps the good copy, and the message arrives whole.
+#[test]
+fn a_damaged_chunk_in_the_receivers_environment_is_asked_for_again() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let env = Arc::new(Environment::open(dir.path(), EnvConfig::default()).unwrap());
+    let store: Arc<dyn ChunkStore> = env.clone();
+    let message = structured(2 << 20, 71);
+    let fresh = || -> Arc<dyn ChunkStore> { Arc::new(MemoryStore::new()) };
+    send_on_new_connection(fresh(), store.clone(), message.clone());
+    let mut damaged = 0;
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "seg") {
+            let mut bytes = std::fs::read(&path).unwrap();
+            for at in (4096..bytes.len()).step_by(65_536) {
+                bytes[at] ^= 0x20;
+                damaged += 1;
+            }
+            std::fs::write(&path, bytes).unwrap();
+        }
+    }
+    assert!(damaged >= 8, "{damaged} bytes flipped");
+    let again = send_on_new_connection(fresh(), store.clone(), message.clone());
+    assert!(again.chunks_resent > 0, "{again:?}");
+    assert!(env.stats().corrupt_dropped > 0);
+    // The good copies were kept: a third send finds every chunk.
+    let third = send_on_new_connection(fresh(), store, message);
+    assert_eq!(third.chunks_resent, 0, "{third:?}");
+}
+
 #[test]
 fn a_senders_environment_keeps_no_coarse_copy_of_what_it_sent_fine() {
     let dir = tempfile::TempDir::new().unwrap();

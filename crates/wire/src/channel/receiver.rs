@@ -22,7 +22,7 @@ use super::sender::ZDELTA_LEVEL;
 use super::spare::Spare;
 use super::stats::ChannelStats;
 use crate::error::{Error, Result};
-use crate::store::{ChunkId, ChunkStore};
+use crate::store::{get_intact, ChunkId, ChunkStore};
 
 #[derive(Debug, Clone, Copy)]
 struct InPiece {
@@ -345,7 +345,7 @@ impl Receiver {
             if !bits[i] {
                 continue;
             }
-            match self.store.get(&p.id)? {
+            match get_intact(&*self.store, &p.id)? {
                 Some(b) if b.len() == p.len => {
                     s.buf[p.off..p.off + p.len].copy_from_slice(&b);
                     s.pending -= 1;
@@ -456,7 +456,7 @@ impl Receiver {
     fn joined(&self, bases: &[ChunkId]) -> Result<Option<Vec<u8>>> {
         let mut src = Vec::new();
         for b in bases {
-            match self.store.get(b)? {
+            match get_intact(&*self.store, b)? {
                 Some(bytes) if bases.len() == 1 => return Ok(Some(bytes)),
                 Some(bytes) => src.extend_from_slice(&bytes),
                 None => return Ok(None),

@@ -43,7 +43,7 @@ use super::protocol::{EntryRef, Message, MessageEnd, DATA_FRAME};
 use super::spare::Spare;
 use super::stats::ChannelStats;
 use crate::error::{Error, Result};
-use crate::store::{ChunkId, ChunkStore, IdMap, Sketch};
+use crate::store::{get_intact, ChunkId, ChunkStore, IdMap, Sketch};
 
 /// Chunks shorter than this are always sent literally: a delta would not pay for its base id.
 const MIN_DELTA_LEN: usize = 256;
@@ -712,7 +712,7 @@ impl Sender {
                     .into_iter()
                     .flatten()
                 {
-                    let Some(src) = self.store.get(&base)? else {
+                    let Some(src) = get_intact(&*self.store, &base)? else {
                         continue;
                     };
                     delta.clear();
@@ -811,7 +811,7 @@ impl Sender {
         bases.push(base);
         if let Some(next) = self.successor.get(&base).copied() {
             if next != id && next != base {
-                if let Some(more) = self.store.get(&next)? {
+                if let Some(more) = get_intact(&*self.store, &next)? {
                     src.extend_from_slice(&more);
                     bases.push(next);
                 }
