@@ -12,6 +12,17 @@ pub enum Error {
         /// What is wrong.
         detail: String,
     },
+    /// Encoded bytes stop before the stream's end: it was cut short.
+    #[error("{detail}: truncated (at byte {offset})")]
+    Truncated {
+        /// Byte offset where the bytes ran out.
+        offset: u64,
+        /// What was being read.
+        detail: String,
+    },
+    /// Encoded bytes in a format version this build does not read.
+    #[error("unsupported replication stream: {0}")]
+    Unsupported(String),
     /// The peer broke the protocol.
     #[error("protocol error: {0}")]
     Protocol(String),

@@ -36,6 +36,17 @@ pub struct DocIndex {
     _tmp: Option<tempfile::TempDir>,
 }
 
+/// RAM of the similarity state, by part, in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IndexMemory {
+    /// The cuckoo feature table's arrays (6 bytes a bucket; 4 096 features' worth at least).
+    pub feature_table: usize,
+    /// The feature index's page cache, tail page and scratch buffers.
+    pub feature_cache: usize,
+    /// What redb's cache holds of the document table (read cache and write buffer).
+    pub document_cache: usize,
+}
+
 /// A candidate source: its key, name and version.
 #[derive(Debug, Clone)]
 pub struct Found {
@@ -258,14 +269,15 @@ impl DocIndex {
             .map_err(|e| state_err("feature index flush", e))
     }
 
-    /// RAM held: the feature index (table and page cache) and redb's cache bound.
-    pub fn memory_bytes(&self) -> usize {
-        self.features.memory_bytes() + DB_CACHE_BYTES
-    }
-
-    /// RAM per feature of the cuckoo table alone (the part that grows with documents).
-    pub fn table_bytes(&self) -> usize {
-        self.features.stats().table_bytes as usize
+    /// RAM held now, by part. redb's cache counts what it holds, not its `DB_CACHE_BYTES`
+    /// bound, which a small stream never fills.
+    pub fn memory(&self) -> IndexMemory {
+        let feature_cache = self.features.stats().cache_bytes as usize;
+        IndexMemory {
+            feature_table: self.features.memory_bytes().saturating_sub(feature_cache),
+            feature_cache,
+            document_cache: self.db.cache_stats().used_bytes(),
+        }
     }
 
     /// Documents currently indexed.

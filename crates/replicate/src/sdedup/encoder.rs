@@ -6,7 +6,7 @@ use dedupwire_engine::delta::DeltaCodec;
 use dedupwire_engine::similarity::CACHE_REWARD;
 use serde::Serialize;
 
-use super::docindex::DocIndex;
+use super::docindex::{DocIndex, IndexMemory};
 use super::format::*;
 use super::{content_hash, key_hash, SdedupConfig, SourceCache, SourceStore};
 use crate::{Change, Error, Op};
@@ -162,6 +162,7 @@ impl Encoder {
             // A delete that carries its document (JSON-lines mode) sends it as it is.
             self.body.push(DOC_LITERAL);
             put_bytes(&mut self.body, doc);
+            self.stats.literals += 1;
             return self.forget(key);
         }
         self.config.sketch.sketch_into(doc, &mut self.features);
@@ -247,15 +248,10 @@ impl Encoder {
         }
     }
 
-    /// RAM held by the similarity state (feature table, its page cache, the document
-    /// table's cache bound); the source cache is excluded, as in sDedup's accounting.
-    pub fn index_bytes(&self) -> usize {
-        self.index.memory_bytes()
-    }
-
-    /// RAM of the cuckoo feature table alone: the part that grows with the documents.
-    pub fn table_bytes(&self) -> usize {
-        self.index.table_bytes()
+    /// RAM the similarity state holds now, by part; the source cache is excluded, as in
+    /// sDedup's accounting.
+    pub fn memory(&self) -> IndexMemory {
+        self.index.memory()
     }
 
     /// Documents the feature index knows.

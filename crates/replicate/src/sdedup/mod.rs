@@ -16,6 +16,7 @@ mod format;
 
 pub use self::cache::SourceCache;
 pub use self::decoder::{DecodedBatch, Decoder};
+pub use self::docindex::IndexMemory;
 pub use self::encoder::{EncodeStats, Encoder};
 
 use std::collections::HashMap;
