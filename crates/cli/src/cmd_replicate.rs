@@ -2,10 +2,11 @@
 //! and live replication of PostgreSQL document tables or a MongoDB oplog over TCP,
 //! authenticated and encrypted with a shared key unless both ends say `--insecure-plaintext`.
 
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::net::{TcpListener, TcpStream};
 
 use anyhow::{bail, Context, Result};
+use dedupwire_analyze::report::human_bytes;
 use dedupwire_replicate::jsonl;
 use dedupwire_replicate::live::{
     LiveError, PgDocStore, Receiver, ReceiverConfig, Sender, SenderConfig,
@@ -34,14 +35,23 @@ pub struct Args {
 enum Cmd {
     /// Encode a JSON-lines change stream (stdin) into an sDedup stream (stdout).
     Encode {
-        /// Print bytes in/out, ratio, cache hit ratio, fallbacks and index memory to stderr.
+        /// Print one line to stderr at the end: entries, bytes in and out, ratio, deltas,
+        /// literals, fallbacks and seconds.
         #[arg(long)]
         stats: bool,
+        /// Print the statistics to stderr as JSON instead (every field, index memory too;
+        /// docs/replicate.md describes them); implies --stats.
+        #[arg(long)]
+        json: bool,
         /// Input bytes per batch (e.g. 4MiB).
         #[arg(long, default_value = "4MiB")]
         batch: String,
     },
     /// Decode an sDedup stream (stdin) back into the exact JSON lines (stdout).
+    ///
+    /// Exits non-zero, saying why, on anything but a complete stream: cut short, a batch
+    /// repeated, missing or out of order, damaged, or an older format version. When stdin is
+    /// a file its frames are checked first, so a cut or shuffled file writes nothing.
     Decode,
     /// Tail a PostgreSQL database's document tables (logical decoding with pgoutput) or a
     /// MongoDB server's oplog and ship the changes to a `replicate receive`, delta-encoded
@@ -118,7 +128,7 @@ enum Cmd {
 pub fn run(args: Args) -> Result<()> {
     let config = SdedupConfig::default();
     match args.cmd {
-        Cmd::Encode { stats, batch } => {
+        Cmd::Encode { stats, json, batch } => {
             let batch = dedupwire_analyze::parse_size(&batch)
                 .with_context(|| format!("--batch {batch:?}: use a size like 4MiB"))?;
             let report = jsonl::encode(
@@ -128,17 +138,13 @@ pub fn run(args: Args) -> Result<()> {
                 batch,
                 None,
             )?;
-            if stats {
+            if json {
                 eprintln!("{}", serde_json::to_string_pretty(&report)?);
+            } else if stats {
+                eprintln!("{}", encode_line(&report));
             }
         }
-        Cmd::Decode => {
-            jsonl::decode(
-                BufReader::with_capacity(1 << 20, std::io::stdin().lock()),
-                BufWriter::with_capacity(1 << 20, std::io::stdout().lock()),
-                config,
-            )?;
-        }
+        Cmd::Decode => decode(config)?,
         Cmd::Send {
             from,
             to,
@@ -186,6 +192,100 @@ pub fn run(args: Args) -> Result<()> {
         } => receive(&listen, &into, once, key.key()?)?,
     }
     Ok(())
+}
+
+/// The `encode --stats` line: what went in and out, how, and how long it took.
+fn encode_line(r: &jsonl::EncodeReport) -> String {
+    let s = &r.stats;
+    let count = |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+    format!(
+        "dedupwire: encoded {} in {}: {} -> {} ({:.1}x); {}, {}, {}; {:.2} s",
+        count(s.entries, "entry", "entries"),
+        count(r.batches, "batch", "batches"),
+        human_bytes(s.input_bytes),
+        human_bytes(s.output_bytes),
+        r.ratio,
+        count(s.deltas, "delta", "deltas"),
+        count(s.literals, "literal", "literals"),
+        count(s.fallbacks, "fallback", "fallbacks"),
+        r.elapsed_s
+    )
+}
+
+/// `replicate decode`: stdin to stdout, failing on anything but a complete stream. A file on
+/// stdin has its frames checked before any line is written; from a pipe the lines go out as
+/// decoded and an error says how much of them reached stdout.
+fn decode(config: SdedupConfig) -> Result<()> {
+    let mut out = BufWriter::with_capacity(1 << 20, Counted::new(std::io::stdout().lock()));
+    let result = match stdin_file() {
+        Some(mut file) => {
+            let start = file.stream_position()?;
+            jsonl::check_frames(BufReader::new(&file)).context("decoding stdin")?;
+            file.seek(SeekFrom::Start(start))?;
+            jsonl::decode(BufReader::with_capacity(1 << 20, &file), &mut out, config)
+        }
+        None => jsonl::decode(
+            BufReader::with_capacity(1 << 20, std::io::stdin().lock()),
+            &mut out,
+            config,
+        ),
+    };
+    match result {
+        Ok(_) => {
+            out.flush()?;
+            Ok(())
+        }
+        Err(e) => {
+            let (counted, _) = out.into_parts();
+            Err(match counted.bytes {
+                0 => anyhow::anyhow!("decoding stdin: {e}"),
+                n => anyhow::anyhow!(
+                    "decoding stdin: {e}; the {} of lines that reached stdout before it are \
+                     not the whole stream",
+                    human_bytes(n)
+                ),
+            })
+        }
+    }
+}
+
+/// Stdin as a file, when it is one: its frames can be checked before decoding.
+#[cfg(unix)]
+fn stdin_file() -> Option<std::fs::File> {
+    use std::os::fd::AsFd;
+    let fd = std::io::stdin().as_fd().try_clone_to_owned().ok()?;
+    let file = std::fs::File::from(fd);
+    file.metadata().ok()?.is_file().then_some(file)
+}
+
+/// Stdin as a file, when it is one (only known on Unix).
+#[cfg(not(unix))]
+fn stdin_file() -> Option<std::fs::File> {
+    None
+}
+
+/// A writer that counts the bytes it passed on.
+struct Counted<W> {
+    inner: W,
+    bytes: u64,
+}
+
+impl<W> Counted<W> {
+    fn new(inner: W) -> Self {
+        Counted { inner, bytes: 0 }
+    }
+}
+
+impl<W: Write> Write for Counted<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 struct SendOptions {
