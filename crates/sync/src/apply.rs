@@ -19,10 +19,16 @@
 //! entry by entry, and files are created with `O_CREAT | O_EXCL | O_NOFOLLOW`.
 //!
 //! The manifest of each committed tree is cached in `ROOT/.dedupwire/trees/NAME` with the
-//! tree's inode, so the next send compares against it without reading the tree: a file is
-//! reused when its size and mtime still match the cache, and hashed again otherwise. A cache
-//! for another inode (the tree was replaced by hand) is ignored and the tree is scanned.
-//! Owners are not preserved: the receiver owns what it writes.
+//! tree's inode, so the next send compares against it without reading the tree. The cache
+//! file's mtime is the tree's *epoch*: it is set once the replaced version is removed, when
+//! the tree last matched the manifest. A file is reused (hard-linked, copied, or read as a
+//! delta base) only when its size and mtime still match the manifest and its inode has not
+//! changed since the epoch (its ctime, which no user can set back, is older), and is hashed
+//! again otherwise; a file that fails that check, or is gone, is asked of the sender. So a
+//! tree edited by hand on this end, even with its sizes and mtimes put back, is sent right
+//! again. A cache for another inode (the tree was replaced by hand) is ignored and the tree is
+//! scanned. Owners are not preserved: the receiver owns what it writes, and reads back a file
+//! it wrote without read permission (mode 000) by granting itself read for the open.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
@@ -36,7 +42,7 @@ use std::sync::Mutex;
 use rustix::fs::{AtFlags, OFlags, RenameFlags, Timespec, Timestamps, CWD, UTIME_OMIT};
 
 use crate::error::{io_at, Error, Result};
-use crate::manifest::{self, check_name, hash_file, mtime_ns, Entry, Kind, Manifest};
+use crate::manifest::{self, check_name, mtime_ns, Entry, Kind, Manifest};
 use crate::parallel;
 
 /// The directory under ROOT this end keeps its state in (never a tree name).
@@ -261,16 +267,31 @@ impl TreeRoot {
     /// The manifest of the current tree `name`: cached, or scanned (hashing every file) when
     /// there is no valid cache; empty when there is no such directory.
     pub fn current(&self, name: &[u8]) -> Result<Manifest> {
+        Ok(self.current_checked(name)?.0)
+    }
+
+    /// [`current`](TreeRoot::current), with the [`Verifier`] that checks its files before
+    /// they are reused.
+    pub fn current_checked(&self, name: &[u8]) -> Result<(Manifest, Verifier)> {
         let n = std::ffi::OsStr::from_bytes(name);
+        let verifier = |epoch| Verifier {
+            tree: self.tree_path(name),
+            epoch,
+            seen: HashMap::new(),
+        };
         for dir in ["trees.new", "trees"] {
-            if let Some(m) = self.read_cache(&self.state.join(dir).join(n), name) {
-                return Ok(m);
+            let path = self.state.join(dir).join(n);
+            if let Some(m) = self.read_cache(&path, name) {
+                // No epoch readable: every file is hashed before it is reused.
+                let epoch = fs::metadata(&path).map_or(i64::MIN, |md| mtime_ns(&md));
+                return Ok((m, verifier(Some(epoch))));
             }
         }
         if self.tree_id(name).is_none() {
-            return Ok(Manifest::default());
+            return Ok((Manifest::default(), verifier(None)));
         }
-        Ok(manifest::scan(&self.tree_path(name), &mut |_| {})?.manifest)
+        let m = manifest::scan(&self.tree_path(name), &mut |_| {})?.manifest;
+        Ok((m, verifier(None)))
     }
 
     /// The contents of the current tree's file `entry` (of its manifest), checked against
@@ -283,11 +304,7 @@ impl TreeRoot {
             )));
         };
         let path = self.tree_path(name).join(entry.rel_path());
-        let mut f = OpenOptions::new()
-            .read(true)
-            .custom_flags(OFlags::NOFOLLOW.bits() as i32)
-            .open(&path)
-            .map_err(io_at(&path))?;
+        let mut f = open_readable(&path).map_err(io_at(&path))?;
         let mut bytes = Vec::with_capacity(size as usize);
         (&mut f)
             .take(size + 1)
@@ -295,19 +312,18 @@ impl TreeRoot {
             .map_err(io_at(&path))?;
         if bytes.len() as u64 != size || *blake3::hash(&bytes).as_bytes() != hash {
             return Err(Error::Mismatch(format!(
-                "{}: changed on this end since it was indexed, so the delta the sender made \
-                 against it cannot be applied; run the send again",
+                "{}: changed on this end during the send, so the delta the sender made against \
+                 it cannot be applied; run the send again (it will send the file whole)",
                 path.display()
             )));
         }
         Ok(bytes)
     }
 
-    /// Where each entry of `new` comes from, given the current tree `old` of `name`: files
-    /// whose contents are somewhere in the current tree (checked by size and mtime against
-    /// the manifest, or by hash when those differ) are taken from there.
-    pub fn resolve(&self, name: &[u8], old: &Manifest, new: &Manifest) -> Vec<Source> {
-        let tree = self.tree_path(name);
+    /// Where each entry of `new` comes from, given the current tree `old` that `verifier`
+    /// checks: files whose contents are somewhere in the current tree, and pass the check, are
+    /// taken from there.
+    pub fn resolve(&self, verifier: &mut Verifier, old: &Manifest, new: &Manifest) -> Vec<Source> {
         let mut by_hash: HashMap<[u8; 32], Vec<usize>> = HashMap::new();
         for (i, e) in old.entries.iter().enumerate() {
             if let Kind::File { hash, size } = e.kind {
@@ -316,32 +332,12 @@ impl TreeRoot {
                 }
             }
         }
-        let mut verified: HashMap<usize, bool> = HashMap::new();
-        let mut ok = |i: usize| -> bool {
-            *verified.entry(i).or_insert_with(|| {
-                let e = &old.entries[i];
-                let Kind::File { size, hash } = e.kind else {
-                    return false;
-                };
-                let path = tree.join(e.rel_path());
-                let Ok(md) = fs::symlink_metadata(&path) else {
-                    return false;
-                };
-                if !md.is_file() || md.len() != size {
-                    return false;
-                }
-                if mtime_ns(&md) == e.mtime_ns {
-                    return true;
-                }
-                matches!(hash_file(&path, &mut |_| {}), Ok((h, n)) if h == hash && n == size)
-            })
-        };
         new.entries
             .iter()
             .map(|e| match e.kind {
                 Kind::File { size, hash } if size > 0 => by_hash
                     .get(&hash)
-                    .and_then(|c| c.iter().copied().find(|&i| ok(i)))
+                    .and_then(|c| c.iter().copied().find(|&i| verifier.check(old, i)))
                     .map_or(Source::Sender, Source::Local),
                 _ => Source::Nothing,
             })
@@ -417,6 +413,93 @@ impl TreeRoot {
     }
 }
 
+/// Checks files of a current tree against its manifest before they are reused, each at most
+/// once per receive.
+#[derive(Debug)]
+pub struct Verifier {
+    tree: PathBuf,
+    /// When the tree last matched its cached manifest (see the module doc); `None` for a
+    /// manifest just scanned from the tree.
+    epoch: Option<i64>,
+    seen: HashMap<usize, bool>,
+}
+
+impl Verifier {
+    /// Whether file `i` of `old` is on disk as the manifest says: same size, and same mtime
+    /// with its inode unchanged since the epoch, or else the same BLAKE3.
+    pub fn check(&mut self, old: &Manifest, i: usize) -> bool {
+        let tree = &self.tree;
+        let epoch = self.epoch;
+        *self.seen.entry(i).or_insert_with(|| {
+            let e = &old.entries[i];
+            let Kind::File { size, hash } = e.kind else {
+                return false;
+            };
+            let path = tree.join(e.rel_path());
+            let Ok(md) = fs::symlink_metadata(&path) else {
+                return false;
+            };
+            if !md.is_file() || md.len() != size {
+                return false;
+            }
+            let ctime = md
+                .ctime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(md.ctime_nsec());
+            if mtime_ns(&md) == e.mtime_ns && epoch.is_none_or(|t| ctime < t) {
+                return true;
+            }
+            let Ok(mut f) = open_readable(&path) else {
+                return false;
+            };
+            let mut h = blake3::Hasher::new();
+            if h.update_reader(&mut f).is_err() {
+                return false;
+            }
+            h.count() == size && *h.finalize().as_bytes() == hash
+        })
+    }
+}
+
+/// Opens a file of a current tree for reading, without following a symlink. A file this end
+/// wrote with no read permission for its owner (the sender's mode 000, say) is opened by
+/// granting the owner read for the moment of the open: a receiver not running as root could
+/// otherwise never reuse it.
+fn open_readable(path: &Path) -> io::Result<File> {
+    let plain = OpenOptions::new()
+        .read(true)
+        .custom_flags(OFlags::NOFOLLOW.bits() as i32)
+        .open(path);
+    let denied = match plain {
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => e,
+        other => return other,
+    };
+    let handle = rustix::fs::open(
+        path,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(io::Error::from)?;
+    let st = rustix::fs::fstat(&handle).map_err(io::Error::from)?;
+    let mode = st.st_mode & 0o7777;
+    let regular =
+        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile;
+    if !regular || st.st_uid != rustix::process::geteuid().as_raw() || mode & 0o400 != 0 {
+        return Err(denied);
+    }
+    // The O_PATH descriptor names this very inode, whatever happens to `path` meanwhile.
+    let by_fd = PathBuf::from(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&handle)
+    ));
+    fs::set_permissions(&by_fd, fs::Permissions::from_mode(mode | 0o400))?;
+    let opened = File::open(&by_fd);
+    let restored = fs::set_permissions(&by_fd, fs::Permissions::from_mode(mode));
+    let file = opened?;
+    restored?;
+    Ok(file)
+}
+
 /// Runs the copies `(from, to, new entry)` on a few threads: a release that only touched
 /// mtimes copies every file, and on many small files the system calls, not the bytes, cost.
 fn copy_all(copies: &[(PathBuf, PathBuf, usize)], manifest: &Manifest) -> Result<()> {
@@ -437,11 +520,7 @@ fn copy_all(copies: &[(PathBuf, PathBuf, usize)], manifest: &Manifest) -> Result
 /// `copy_file_range` in the kernel (a reflink where the filesystem can), data extent by data
 /// extent so that the copy keeps the file's holes.
 fn copy_file(from: &Path, to: &Path, e: &Entry) -> Result<()> {
-    let src = OpenOptions::new()
-        .read(true)
-        .custom_flags(OFlags::NOFOLLOW.bits() as i32)
-        .open(from)
-        .map_err(io_at(from))?;
+    let src = open_readable(from).map_err(io_at(from))?;
     let dst = create_new(to)?;
     let size = e.size();
     let changed = || Error::Mismatch(format!("{}: changed while being copied", from.display()));
@@ -596,15 +675,38 @@ fn put_blocks(file: &File, at: u64, bytes: &[u8]) -> io::Result<()> {
 /// next start-up ([`TreeRoot::clean`]). Removing it can wait until the sender has its answer.
 #[derive(Debug)]
 #[must_use = "the replaced version stays on disk until removed"]
-pub struct Retired(Option<PathBuf>);
+pub struct Retired {
+    dir: Option<PathBuf>,
+    /// The new tree's cached manifest, whose mtime becomes the tree's epoch.
+    cache: PathBuf,
+}
 
 impl Retired {
-    /// Removes the replaced version.
+    /// Removes the replaced version, then sets the new tree's epoch (removing it touched the
+    /// inodes the two versions share). Not called, every reused file is hashed once at the
+    /// next receive.
     pub fn remove(self) -> Result<()> {
-        match self.0 {
-            Some(dir) => remove_tree(&dir),
-            None => Ok(()),
+        if let Some(dir) = &self.dir {
+            remove_tree(dir)?;
         }
+        let now = Timespec {
+            tv_sec: 0,
+            tv_nsec: rustix::fs::UTIME_NOW,
+        };
+        let omit = Timespec {
+            tv_sec: 0,
+            tv_nsec: UTIME_OMIT,
+        };
+        rustix::fs::utimensat(
+            CWD,
+            &self.cache,
+            &Timestamps {
+                last_access: omit,
+                last_modification: now,
+            },
+            AtFlags::empty(),
+        )
+        .map_err(|e| io_at(&self.cache)(e.into()))
     }
 }
 
@@ -767,7 +869,10 @@ impl Staging<'_> {
         fs::rename(&new_cache, &cache_path).map_err(io_at(&cache_path))?;
         sync_dir(&self.root.state.join("trees"))?;
         // The old version is now at the staging path.
-        Ok(Retired(exists.then(|| self.dir.clone())))
+        Ok(Retired {
+            dir: exists.then(|| self.dir.clone()),
+            cache: cache_path,
+        })
     }
 }
 
@@ -817,8 +922,8 @@ mod tests {
     fn receive(root: &TreeRoot, name: &[u8], src: &Path) -> usize {
         let new = manifest::scan(src, &mut |_| {}).unwrap().manifest;
         let lock = root.lock(name).unwrap();
-        let old = root.current(name).unwrap();
-        let sources = root.resolve(name, &old, &new);
+        let (old, mut verifier) = root.current_checked(name).unwrap();
+        let sources = root.resolve(&mut verifier, &old, &new);
         let mut st = root.begin(&lock, &old, new.clone(), &sources).unwrap();
         let needed = st.needed().to_vec();
         for &i in &needed {
@@ -863,8 +968,8 @@ mod tests {
         let new = manifest::scan(&src, &mut |_| {}).unwrap().manifest;
         let lock = root.lock(b"t").unwrap();
         assert!(root.lock(b"t").is_err(), "one receive per name at a time");
-        let old = root.current(b"t").unwrap();
-        let sources = root.resolve(b"t", &old, &new);
+        let (old, mut verifier) = root.current_checked(b"t").unwrap();
+        let sources = root.resolve(&mut verifier, &old, &new);
         let mut st = root.begin(&lock, &old, new, &sources).unwrap();
         let i = st.needed()[0];
         assert!(matches!(st.write(i, b"wrong"), Err(Error::Mismatch(_))));

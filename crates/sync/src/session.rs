@@ -898,7 +898,7 @@ fn serve_inner<S: Read + Write>(
     report.name = String::from_utf8_lossy(&name).into_owned();
     report.dry_run = dry_run;
     let lock = root.lock(&name)?;
-    let old = root.current(&name)?;
+    let (old, mut verifier) = root.current_checked(&name)?;
     let (head, header) = (c.pos, offer[..c.pos].to_vec());
     let form = c.take(1)?[0];
     let new = match form {
@@ -928,7 +928,7 @@ fn serve_inner<S: Read + Write>(
         _ => return Err(Error::Protocol(format!("OFFER manifest form {form:#04x}"))),
     };
     let diff = plan::diff(&old, &new);
-    let sources = root.resolve(&name, &old, &new);
+    let sources = root.resolve(&mut verifier, &old, &new);
     let mut plan = vec![PLAN];
     for v in [
         diff.files_new,
@@ -968,7 +968,10 @@ fn serve_inner<S: Read + Write>(
         return Ok(None);
     }
     report.diff.changes.clear();
-    let bases = delta_bases(&old, &new, &needed);
+    // Only files that are on disk as indexed: one edited or removed on this end since is no
+    // base, and the sender sends that file whole.
+    let mut bases = delta_bases(&old, &new, &needed);
+    bases.retain(|_, &mut j| verifier.check(&old, j));
     let mut staging = root.begin(&lock, &old, new, &sources)?;
     debug_assert_eq!(staging.needed(), &needed[..]);
     put_needed(&mut plan, staging.needed());
