@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use dedupwire_analyze::report::human_bytes;
 use dedupwire_engine::chunk::ChunkerSpec;
 use dedupwire_sync::{manifest, send, BoundedStore, SendCache, SendOptions, SendReport};
@@ -72,13 +72,13 @@ fn bar(quiet: bool, template: &str) -> ProgressBar {
 pub fn run(args: Args) -> Result<()> {
     let started = Instant::now();
     let key = args.key.key()?;
-    let Some((addr, name)) = args.dest.rsplit_once(':') else {
-        bail!("{:?}: the destination is HOST:PORT:NAME", args.dest);
-    };
-    if !addr.contains(':') {
-        bail!("{:?}: the destination is HOST:PORT:NAME", args.dest);
-    }
+    let (addr, name) = split_dest(&args.dest)?;
     dedupwire_sync::apply::check_tree_name(name.as_bytes())?;
+    // Before anything changes on the receiver: a path that cannot take the statistics fails
+    // now, not after the tree was replaced.
+    if let Some(path) = args.json.as_deref().filter(|p| p.as_os_str() != "-") {
+        crate::out_file::check_writable(path)?;
+    }
 
     let scanning = bar(args.quiet, "{spinner} scanning {bytes} {bytes_per_sec}");
     let scan = manifest::scan(&args.src, &mut |n| scanning.inc(n))
@@ -117,7 +117,10 @@ pub fn run(args: Args) -> Result<()> {
     let cache_size = dedupwire_analyze::parse_size(&args.cache_size)
         .with_context(|| format!("--cache-size {:?}: use a size like 4GiB", args.cache_size))?
         as u64;
-    let cache = match cache_dir.map(|d| SendCache::open(&d, &args.dest, cache_size)) {
+    let cache = match cache_dir
+        .as_deref()
+        .map(|d| SendCache::open(d, &args.dest, cache_size))
+    {
         Some(Ok(c)) => Some(c),
         Some(Err(e)) => {
             eprintln!("dedupwire send: warning: not using the cache: {e}");
@@ -129,6 +132,24 @@ pub fn run(args: Args) -> Result<()> {
         dry_run: args.dry_run,
         ..SendOptions::default()
     };
+    let marker = cache_dir
+        .as_deref()
+        .filter(|_| !args.dry_run)
+        .map(|d| unfinished_marker(d, &args.src, &args.dest));
+    let resumed = marker.as_deref().is_some_and(|m| m.exists());
+    if resumed && !args.quiet {
+        eprintln!(
+            "dedupwire send: the last send of {} to {} was cut off: resuming (what already \
+             arrived is not sent again)",
+            args.src.display(),
+            args.dest
+        );
+    }
+    if let Some(m) = &marker {
+        // Best effort: without it a cut-off send is only not announced as such next time.
+        let _ = m.parent().map(std::fs::create_dir_all);
+        let _ = std::fs::write(m, b"");
+    }
     let report = send(
         &mut channel,
         &args.src,
@@ -143,6 +164,9 @@ pub fn run(args: Args) -> Result<()> {
     )
     .with_context(|| format!("sending {} to {}", args.src.display(), args.dest))?;
     sending.finish_and_clear();
+    if let Some(m) = &marker {
+        let _ = std::fs::remove_file(m);
+    }
     let _ = channel.close();
     let mut cache_warning = report.cache_warning.clone();
     if let (Some(c), false) = (cache, args.dry_run) {
@@ -168,20 +192,21 @@ pub fn run(args: Args) -> Result<()> {
             Box::new(std::io::stdout().lock())
         };
         for (change, path) in &d.changes {
-            writeln!(out, "{} {}", change.symbol(), String::from_utf8_lossy(path))?;
+            writeln!(out, "{} {}", change.symbol(), printable_path(path))?;
         }
     }
     if !args.quiet {
         let tree_bytes = scan.manifest.entries.iter().map(|e| e.size()).sum();
         eprint!(
             "{}",
-            summary(name, args.dry_run, tree_bytes, &report, elapsed)
+            summary(name, args.dry_run, tree_bytes, &report, elapsed, resumed)
         );
     }
     if let Some(path) = &args.json {
         let j = json!({
             "name": name,
             "dry_run": args.dry_run,
+            "resumed": resumed,
             "bytes_read": scan.bytes_read + report.bytes_read,
             "bytes_scanned": scan.bytes_read,
             "files_sent": report.files_sent,
@@ -221,6 +246,57 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+/// Where a send of `src` to `dest` marks itself under way, in the cache directory.
+fn unfinished_marker(cache_dir: &std::path::Path, src: &std::path::Path, dest: &str) -> PathBuf {
+    let src = std::fs::canonicalize(src).unwrap_or_else(|_| src.to_path_buf());
+    let mut h = blake3::Hasher::new();
+    h.update(std::os::unix::ffi::OsStrExt::as_bytes(src.as_os_str()));
+    h.update(&[0]);
+    h.update(dest.as_bytes());
+    cache_dir
+        .join("unfinished")
+        .join(&h.finalize().to_hex()[..32])
+}
+
+/// Splits `HOST:PORT:NAME` (HOST may be `[IPv6]`) into the address and the tree name, which
+/// may itself hold colons.
+fn split_dest(dest: &str) -> Result<(&str, &str)> {
+    let usage = || anyhow::anyhow!("{dest:?}: the destination is HOST:PORT:NAME");
+    let host_end = if dest.starts_with('[') {
+        dest.find(']').ok_or_else(usage)? + 1
+    } else {
+        dest.find(':').ok_or_else(usage)?
+    };
+    let rest = dest[host_end..].strip_prefix(':').ok_or_else(usage)?;
+    let (port, name) = rest.split_once(':').ok_or_else(usage)?;
+    if host_end == 0 || port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(usage());
+    }
+    Ok((&dest[..host_end + 1 + port.len()], name))
+}
+
+/// A path as one line a terminal shows safely: printable UTF-8 as it is; control characters,
+/// backslashes and bytes that are not UTF-8 escaped (`\n`, `\\`, `\xff`).
+fn printable_path(path: &[u8]) -> String {
+    let mut out = String::with_capacity(path.len());
+    for chunk in path.utf8_chunks() {
+        for ch in chunk.valid().chars() {
+            match ch {
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\t' => out.push_str("\\t"),
+                '\r' => out.push_str("\\r"),
+                c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+                c => out.push(c),
+            }
+        }
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
 /// The summary a person reads after a send: the tree and its changes, the contents that
 /// travelled and the bytes on the wire in binary units, the ratio of contents to bytes sent,
 /// and rsync's "speedup" (tree size over bytes on the wire both ways).
@@ -230,6 +306,7 @@ fn summary(
     tree_bytes: u64,
     report: &SendReport,
     elapsed: f64,
+    resumed: bool,
 ) -> String {
     let d = &report.diff;
     let c = &report.channel;
@@ -269,6 +346,17 @@ fn summary(
                 },
                 human_bytes(report.bytes_delta_files),
                 human_bytes(report.delta_bytes),
+            );
+        }
+        if c.bytes_hit > 0 && !dry_run {
+            s += &format!(
+                ", {} of it already on the receiver{}",
+                human_bytes(c.bytes_hit),
+                if resumed {
+                    " (from the send that was cut off, and earlier ones)"
+                } else {
+                    ""
+                }
             );
         }
         s += "\n";
@@ -319,8 +407,30 @@ mod tests {
     }
 
     #[test]
+    fn destinations_split_at_the_port_and_names_may_hold_colons() {
+        assert_eq!(split_dest("h:7300:t").unwrap(), ("h:7300", "t"));
+        assert_eq!(split_dest("h:7300:a:b").unwrap(), ("h:7300", "a:b"));
+        assert_eq!(split_dest("[::1]:7300:t:x").unwrap(), ("[::1]:7300", "t:x"));
+        for bad in ["h:7300", "h", ":7300:t", "h:port:t", "[::1]:t", "h::t"] {
+            assert!(split_dest(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn printed_paths_are_one_safe_line() {
+        assert_eq!(
+            printable_path(b"plain/\xc3\xa9t\xc3\xa9"),
+            "plain/\u{e9}t\u{e9}"
+        );
+        assert_eq!(
+            printable_path(b"a\nb\\c\xffd\x1b"),
+            "a\\nb\\\\c\\xffd\\u{1b}"
+        );
+    }
+
+    #[test]
     fn the_summary_speaks_in_binary_units_and_ratios() {
-        let s = summary("site", false, 112_412_403, &report(), 3.0);
+        let s = summary("site", false, 112_412_403, &report(), 3.0, false);
         assert_eq!(
             s,
             "site: 4205 files, 107.2 MiB: 4205 new, 0 changed, 0 unchanged, 0 deleted\n\
@@ -334,7 +444,7 @@ mod tests {
     #[test]
     fn a_dry_run_and_an_unchanged_tree_give_no_ratio_they_cannot_have() {
         let mut r = report();
-        let dry = summary("site", true, 1 << 20, &r, 0.1);
+        let dry = summary("site", true, 1 << 20, &r, 0.1, false);
         assert!(dry.starts_with("dry run, nothing changed: site: "), "{dry}");
         assert!(dry.contains("would travel"), "{dry}");
         assert!(!dry.contains("ratio"), "{dry}");
@@ -344,7 +454,7 @@ mod tests {
         r.bytes_needed = 0;
         r.channel.socket_bytes_sent = 1_000_000;
         r.channel.socket_bytes_received = 28_000;
-        let same = summary("site", false, 1 << 20, &r, 0.1);
+        let same = summary("site", false, 1 << 20, &r, 0.1, false);
         assert!(same.contains("site: 1 file, 1.0 MiB"), "{same}");
         assert!(same.contains("none travelled"), "{same}");
         assert!(!same.contains("ratio"), "{same}");

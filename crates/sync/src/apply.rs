@@ -37,7 +37,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Condvar, Mutex};
 
 use rustix::fs::{AtFlags, OFlags, RenameFlags, Timespec, Timestamps, CWD, UTIME_OMIT};
 
@@ -65,14 +65,38 @@ pub fn check_tree_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// The connection a receive runs on, as the name lock sees it: a second receive of a busy
+/// name asks whether the holder's peer is gone (a killed sender whose connection this end has
+/// not finished reading), and then ends that connection instead of refusing.
+pub trait Peer: Send + Sync {
+    /// Whether the peer has hung up, though this end may not have read that far yet.
+    fn gone(&self) -> bool;
+    /// Ends the connection: its receive fails at its next read or write.
+    fn abort(&self);
+}
+
+/// Who holds a busy name: the connection of its receive, when the caller said.
+type Holder = Option<Arc<dyn Peer>>;
+
+/// How long a receive waits for a name whose holder's peer is gone to be freed.
+const TAKEOVER_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The receiving directory: the trees in it, its staging area, the cached manifests, and
-/// which names are being received now.
-#[derive(Debug)]
+/// which names are being received now (with their connections, when known).
 pub struct TreeRoot {
     root: PathBuf,
     state: PathBuf,
-    busy: Mutex<HashSet<Vec<u8>>>,
+    busy: Mutex<HashMap<Vec<u8>, Holder>>,
+    freed: Condvar,
     seq: AtomicU64,
+}
+
+impl std::fmt::Debug for TreeRoot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TreeRoot")
+            .field("root", &self.root)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Holds a tree name for one receive; dropping it frees the name.
@@ -80,6 +104,14 @@ pub struct TreeRoot {
 pub struct NameLock<'a> {
     root: &'a TreeRoot,
     name: Vec<u8>,
+    took_over: bool,
+}
+
+impl NameLock<'_> {
+    /// Whether the name was taken from a receive whose sender had gone (a resumed send).
+    pub fn took_over(&self) -> bool {
+        self.took_over
+    }
 }
 
 impl Drop for NameLock<'_> {
@@ -89,6 +121,7 @@ impl Drop for NameLock<'_> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&self.name);
+        self.root.freed.notify_all();
     }
 }
 
@@ -186,6 +219,7 @@ impl TreeRoot {
             root: root.to_path_buf(),
             state,
             busy: Mutex::default(),
+            freed: Condvar::new(),
             seq: AtomicU64::new(0),
         };
         Ok(t)
@@ -226,19 +260,52 @@ impl TreeRoot {
 
     /// Reserves `name` for one receive; a second receive of the same name at once is refused.
     pub fn lock(&self, name: &[u8]) -> Result<NameLock<'_>> {
+        self.lock_as(name, None)
+    }
+
+    /// [`lock`](TreeRoot::lock) for a receive on `peer`'s connection. When the name is busy
+    /// and its holder's peer is gone, the holder's connection is ended and this waits (up to
+    /// 30 s) for it to let go: a send run again right after a killed one goes ahead at once.
+    pub fn lock_as(&self, name: &[u8], peer: Option<Arc<dyn Peer>>) -> Result<NameLock<'_>> {
         check_tree_name(name)?;
+        let deadline = std::time::Instant::now() + TAKEOVER_WAIT;
+        let mut took_over = false;
         let mut busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
-        if !busy.insert(name.to_vec()) {
-            return Err(Error::Refused(format!(
-                "tree {:?} is being received from another connection right now; try again \
-                 when that send has finished",
-                String::from_utf8_lossy(name)
-            )));
+        loop {
+            let Some(holder) = busy.get(name) else {
+                busy.insert(name.to_vec(), peer);
+                return Ok(NameLock {
+                    root: self,
+                    name: name.to_vec(),
+                    took_over,
+                });
+            };
+            let shown = String::from_utf8_lossy(name);
+            match holder {
+                Some(h) if h.gone() => {
+                    h.abort();
+                    took_over = true;
+                }
+                _ => {
+                    return Err(Error::Refused(format!(
+                        "tree {shown:?} is being received from another connection right now; \
+                         try again when that send has finished"
+                    )))
+                }
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return Err(Error::Refused(format!(
+                    "tree {shown:?} is still held by a receive whose sender has gone; try again \
+                     in a minute"
+                )));
+            }
+            busy = self
+                .freed
+                .wait_timeout(busy, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
-        Ok(NameLock {
-            root: self,
-            name: name.to_vec(),
-        })
     }
 
     fn tree_id(&self, name: &[u8]) -> Option<(u64, u64)> {

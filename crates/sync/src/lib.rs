@@ -32,9 +32,9 @@ pub mod plan;
 pub mod session;
 mod store;
 
-pub use apply::TreeRoot;
+pub use apply::{Peer, TreeRoot};
 pub use cache::SendCache;
 pub use error::{Error, Result};
 pub use manifest::{Entry, Kind, Manifest};
-pub use session::{send, serve, SendOptions, SendReport, ServeReport};
+pub use session::{send, serve, serve_on, SendOptions, SendReport, ServeReport};
 pub use store::BoundedStore;

@@ -366,6 +366,22 @@ pub struct Scan {
     pub bytes_read: u64,
 }
 
+/// A scanned entry's mtime in nanoseconds, refused when it does not fit (before 1677 or after
+/// 2262): a manifest carries mtimes exactly or not at all.
+fn exact_mtime_ns(md: &fs::Metadata, path: &Path) -> Result<i64> {
+    md.mtime()
+        .checked_mul(1_000_000_000)
+        .and_then(|ns| ns.checked_add(md.mtime_nsec()))
+        .ok_or_else(|| {
+            Error::Refused(format!(
+                "{}: its modification time ({} s since 1970) is outside the years 1677-2262, \
+                 which a manifest cannot carry exactly; set it (touch -d) and send again",
+                path.display(),
+                md.mtime()
+            ))
+        })
+}
+
 /// The modification time of `md` in nanoseconds.
 pub fn mtime_ns(md: &fs::Metadata) -> i64 {
     md.mtime()
@@ -432,7 +448,7 @@ pub fn scan(root: &Path, on_read: &mut dyn FnMut(u64)) -> Result<Scan> {
     let mut scan = Scan {
         manifest: Manifest {
             root_mode: md.mode() & MODE_MASK,
-            root_mtime_ns: mtime_ns(&md),
+            root_mtime_ns: exact_mtime_ns(&md, root)?,
             entries: Vec::new(),
         },
         ..Scan::default()
@@ -523,7 +539,7 @@ fn walk(dir: &Path, rel: &[u8], scan: &mut Scan, files: &mut Vec<(usize, PathBuf
             path: rp.clone(),
             kind,
             mode,
-            mtime_ns: mtime_ns(&md),
+            mtime_ns: exact_mtime_ns(&md, &path)?,
         });
         if is_dir {
             walk(&path, &rp, scan, files)?;

@@ -38,7 +38,7 @@ use dedupwire_engine::delta::{DeltaCodec, Sampled, ZstdRef};
 use crate::ahead::Ahead;
 use dedupwire_wire::{ChannelStats, ChunkStore, DedupStream};
 
-use crate::apply::{Retired, Source, TreeRoot};
+use crate::apply::{Peer, Retired, Source, TreeRoot};
 use crate::cache::{SendCache, DELTA_MAX};
 use crate::error::{io_at, Error, Result};
 use crate::manifest::{Kind, Manifest};
@@ -207,6 +207,9 @@ pub struct ServeReport {
     pub files_delta: u64,
     /// Their bytes.
     pub bytes_received: u64,
+    /// Whether the name was taken over from a receive whose sender had gone (a send run
+    /// again after it was killed).
+    pub took_over: bool,
 }
 
 fn put_u16(out: &mut Vec<u8>, v: usize) {
@@ -850,8 +853,20 @@ pub fn serve<S: Read + Write>(
     store: &dyn ChunkStore,
     stream: &mut DedupStream<S>,
 ) -> Result<ServeReport> {
+    serve_on(root, store, stream, None)
+}
+
+/// [`serve`] on `peer`'s connection: a later receive of the same name ends this one when
+/// `peer` is gone, instead of being refused until this end notices (see
+/// [`TreeRoot::lock_as`]).
+pub fn serve_on<S: Read + Write>(
+    root: &TreeRoot,
+    store: &dyn ChunkStore,
+    stream: &mut DedupStream<S>,
+    peer: Option<Arc<dyn Peer>>,
+) -> Result<ServeReport> {
     let mut report = ServeReport::default();
-    let r = serve_inner(root, stream, &mut report);
+    let r = serve_inner(root, stream, &mut report, peer);
     let synced = store.sync();
     let r = r.and_then(|retired| {
         synced
@@ -874,6 +889,7 @@ fn serve_inner<S: Read + Write>(
     root: &TreeRoot,
     stream: &mut DedupStream<S>,
     report: &mut ServeReport,
+    peer: Option<Arc<dyn Peer>>,
 ) -> Result<Option<Retired>> {
     let offer = recv_msg(stream)?;
     expect(&offer, OFFER, "OFFER")?;
@@ -897,7 +913,8 @@ fn serve_inner<S: Read + Write>(
     let name = c.take(nlen)?.to_vec();
     report.name = String::from_utf8_lossy(&name).into_owned();
     report.dry_run = dry_run;
-    let lock = root.lock(&name)?;
+    let lock = root.lock_as(&name, peer)?;
+    report.took_over = lock.took_over();
     let (old, mut verifier) = root.current_checked(&name)?;
     let (head, header) = (c.pos, offer[..c.pos].to_vec());
     let form = c.take(1)?[0];

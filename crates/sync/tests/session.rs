@@ -293,7 +293,11 @@ fn a_base_changed_on_the_receiver_is_not_used_and_the_file_travels_whole() {
     fs::write(src.join("big"), edited(&old)).unwrap();
     let (m, sent, served) = send_cached(&root, &src, &cache, &opts);
     let (sent, served) = (sent.unwrap(), served.unwrap());
-    assert_eq!((sent.files_delta, served.files_delta), (0, 0), "no delta against it");
+    assert_eq!(
+        (sent.files_delta, served.files_delta),
+        (0, 0),
+        "no delta against it"
+    );
     assert_eq!(tree_of(&root.join("t")), m);
     assert_eq!(fs::read(&there).unwrap(), edited(&old));
 }
