@@ -251,8 +251,7 @@ pub fn decode(
     loop {
         match frames.next()? {
             Frame::Batch { seq, len, at } => {
-                buf.resize(len as usize, 0);
-                frames.read_body(seq, &mut buf)?;
+                frames.read_body(seq, len, &mut buf)?;
                 let offset = at + BATCH_HEAD_LEN as u64;
                 let (batch, used) = dec.decode_batch(&buf, offset, &mut store)?;
                 if used != buf.len() {
@@ -520,16 +519,17 @@ impl<R: Read> Frames<R> {
         }
     }
 
-    /// Reads batch `seq`'s bytes into `buf` (its length).
-    fn read_body(&mut self, seq: u64, buf: &mut [u8]) -> Result<(), Error> {
-        let got = self.fill(buf)?;
-        if got < buf.len() {
+    /// Reads batch `seq`'s `len` bytes into `buf`, which grows only as bytes come: a cut
+    /// stream whose last frame claims a large batch costs what it holds, not the claim.
+    fn read_body(&mut self, seq: u64, len: u32, buf: &mut Vec<u8>) -> Result<(), Error> {
+        buf.clear();
+        let got = (&mut self.input).take(u64::from(len)).read_to_end(buf)?;
+        self.hash.update(buf);
+        self.offset += got as u64;
+        if got < len as usize {
             return Err(Error::Truncated {
                 offset: self.offset,
-                detail: format!(
-                    "stream ends inside batch {seq} ({got} of its {} bytes)",
-                    buf.len()
-                ),
+                detail: format!("stream ends inside batch {seq} ({got} of its {len} bytes)"),
             });
         }
         self.batches = seq;
