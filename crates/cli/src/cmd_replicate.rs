@@ -75,6 +75,15 @@ enum Cmd {
         /// every table with an `id` primary key and a `body` column.
         #[arg(long, value_delimiter = ',')]
         tables: Vec<String>,
+        /// PostgreSQL: the output plugin a new slot decodes with (an existing slot keeps its
+        /// own). pgoutput is built into the server; wal2json needs the extension and a server
+        /// whose output_plugin_libraries lists it.
+        #[arg(long, value_enum, default_value = "pgoutput")]
+        plugin: PluginArg,
+        /// PostgreSQL, pgoutput: the publication to read (default: named like the slot, and
+        /// created if missing, FOR ALL TABLES or FOR TABLE the --tables).
+        #[arg(long)]
+        publication: Option<String>,
         /// Document bytes per batch (e.g. 4MiB).
         #[arg(long, default_value = "4MiB")]
         batch_bytes: String,
@@ -85,15 +94,6 @@ enum Cmd {
         /// everything.
         #[arg(long)]
         until_drained: bool,
-        /// PostgreSQL: the output plugin a new slot decodes with (an existing slot keeps its
-        /// own). pgoutput is built into the server; wal2json needs the extension and a server
-        /// whose output_plugin_libraries lists it.
-        #[arg(long, value_enum, default_value = "pgoutput")]
-        plugin: PluginArg,
-        /// PostgreSQL, pgoutput: the publication to read (default: named like the slot, and
-        /// created if missing, FOR ALL TABLES or FOR TABLE the --tables).
-        #[arg(long)]
-        publication: Option<String>,
         /// Keep the similarity state (feature index, document table) in DIR across restarts
         /// [default: a temporary directory, rebuilt from the stream after a restart].
         #[arg(long, value_name = "DIR")]
@@ -150,14 +150,14 @@ pub fn run(args: Args) -> Result<()> {
             to,
             slot,
             tables,
+            plugin,
+            publication,
             batch_bytes,
             window,
             until_drained,
             state,
             stats,
             key,
-            plugin,
-            publication,
         } => {
             let key = key.key()?;
             let batch_bytes = dedupwire_analyze::parse_size(&batch_bytes)
@@ -169,14 +169,14 @@ pub fn run(args: Args) -> Result<()> {
                 from,
                 to,
                 tables,
+                plugin: plugin.into(),
+                publication,
                 stats,
                 key,
                 config: SenderConfig {
                     sdedup: config,
                     stream: slot,
                     batch_bytes: batch_bytes.max(1),
-                plugin: plugin.into(),
-                publication,
                     window,
                     until_drained,
                     state_dir: state,
@@ -292,9 +292,29 @@ struct SendOptions {
     from: String,
     to: String,
     tables: Vec<String>,
+    plugin: Plugin,
+    publication: Option<String>,
     stats: bool,
     key: Option<Key>,
     config: SenderConfig,
+}
+
+/// `--plugin`: a PostgreSQL output plugin.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum PluginArg {
+    /// Built into PostgreSQL, allowed by every server.
+    Pgoutput,
+    /// The wal2json extension.
+    Wal2json,
+}
+
+impl From<PluginArg> for Plugin {
+    fn from(p: PluginArg) -> Plugin {
+        match p {
+            PluginArg::Pgoutput => Plugin::PgOutput,
+            PluginArg::Wal2json => Plugin::Wal2Json,
+        }
+    }
 }
 
 /// The kind of database a connection string names, by its URL scheme.
@@ -348,6 +368,8 @@ fn open_pg_source(o: &SendOptions) -> Result<(PgSource, PgDocStore)> {
         &o.from,
         PgSourceConfig {
             tables,
+            plugin: o.plugin,
+            publication: o.publication.clone(),
             // The sender sleeps between empty polls itself.
             idle_wait: std::time::Duration::ZERO,
             ..PgSourceConfig::with_slot(o.config.stream.clone())
@@ -392,31 +414,11 @@ fn receive(listen: &str, into: &str, once: bool, key: Option<Key>) -> Result<()>
         "dedupwire: receiving on {}{}, applying to the replica",
         listener.local_addr()?,
         match &key {
-    plugin: Plugin,
-    publication: Option<String>,
             Some(key) => format!(" (encrypted, key id {})", key.id()),
             None => " (INSECURE: plaintext, unauthenticated)".to_string(),
         }
     );
     loop {
-/// `--plugin`: a PostgreSQL output plugin.
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum PluginArg {
-    /// Built into PostgreSQL, allowed by every server.
-    Pgoutput,
-    /// The wal2json extension.
-    Wal2json,
-}
-
-impl From<PluginArg> for Plugin {
-    fn from(p: PluginArg) -> Plugin {
-        match p {
-            PluginArg::Pgoutput => Plugin::PgOutput,
-            PluginArg::Wal2json => Plugin::Wal2Json,
-        }
-    }
-}
-
         let (stream, peer) = listener.accept().context("accepting a connection")?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(PEER_TIMEOUT))?;
@@ -468,8 +470,6 @@ fn apply_to<S: Read + Write>(
     database: Database,
 ) -> Result<(), LiveError> {
     match database {
-            plugin: o.plugin,
-            publication: o.publication.clone(),
         Database::Postgres => receiver.run(stream, |stream| {
             PgSink::connect(into, PgSinkConfig::with_stream(stream))
         }),
