@@ -5,11 +5,15 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod cmd_analyze;
+mod cmd_backup;
 mod cmd_key;
 mod cmd_replicate;
+mod cmd_repo;
+mod cmd_restore;
 mod cmd_send;
 mod cmd_serve;
 mod out_file;
+mod repo_args;
 mod transport;
 
 #[derive(Parser)]
@@ -36,6 +40,13 @@ enum Cmd {
     Serve(cmd_serve::Args),
     /// Make the shared key that authenticates and encrypts connections (`--key-file`).
     Key(cmd_key::Args),
+    /// Back up files and directories into a repository: a new snapshot, storing only what
+    /// the repository lacks, similar chunks as deltas.
+    Backup(cmd_backup::Args),
+    /// Restore a snapshot from a repository into a directory.
+    Restore(cmd_restore::Args),
+    /// Make and inspect backup repositories: init, snapshots, ls, check, stats.
+    Repo(cmd_repo::Args),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +57,9 @@ fn main() -> ExitCode {
         Cmd::Key(a) => cmd_key::run(a),
         Cmd::Send(a) => cmd_send::run(a),
         Cmd::Serve(a) => cmd_serve::run(a),
+        Cmd::Backup(a) => cmd_backup::run(a),
+        Cmd::Restore(a) => cmd_restore::run(a),
+        Cmd::Repo(a) => cmd_repo::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,148 @@
+//! `dedupwire backup PATH...`: a new snapshot of PATHs in a repository, storing only what it
+//! lacks, similar chunks as deltas against whole ones.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use dedupwire_analyze::report::human_bytes;
+use dedupwire_repo::backup::{backup, BackupOptions};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+
+use crate::repo_args::RepoArgs;
+
+/// Options of `dedupwire backup`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    repo: RepoArgs,
+    /// Files and directories to back up.
+    #[arg(required = true)]
+    paths: Vec<PathBuf>,
+    /// A tag for the snapshot (repeat for several).
+    #[arg(long)]
+    tag: Vec<String>,
+    /// Leave out paths matching GLOB (matched against the whole path and the name; repeat).
+    #[arg(long, value_name = "GLOB")]
+    exclude: Vec<String>,
+    /// Read every file, even those whose size, mtime and inode match the parent snapshot.
+    #[arg(long)]
+    force_read: bool,
+    /// The snapshot to compare with [default: the latest of this host and these paths].
+    #[arg(long, value_name = "SNAPSHOT")]
+    parent: Option<String>,
+    /// Print the summary as JSON on stdout (fields in docs/backup.md).
+    #[arg(long)]
+    json: bool,
+    /// No progress bar and no summary.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+/// Runs the subcommand.
+pub fn run(args: Args) -> Result<()> {
+    let started = Instant::now();
+    let mut repo = args.repo.open()?;
+    let bar = if args.quiet || args.json || !std::io::stderr().is_terminal() {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new_spinner().with_style(
+            ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("valid template"),
+        )
+    };
+    let opts = BackupOptions {
+        paths: args.paths.clone(),
+        tags: args.tag.clone(),
+        excludes: args.exclude.clone(),
+        force_read: args.force_read,
+        parent: args.parent.clone(),
+        host: None,
+    };
+    let t0 = Instant::now();
+    let result = backup(&mut repo, &opts, &mut |p| {
+        let secs = t0.elapsed().as_secs_f64().max(1e-3);
+        bar.set_message(format!(
+            "{} files, {} ({}/s)",
+            p.files,
+            human_bytes(p.bytes),
+            human_bytes((p.bytes as f64 / secs) as u64)
+        ));
+        bar.tick();
+    })
+    .context("backup failed; what it stored is kept and the next backup reuses it")?;
+    bar.finish_and_clear();
+    for w in &result.warnings {
+        eprintln!("dedupwire backup: warning: {w}");
+    }
+    let s = &result.snapshot.summary;
+    let elapsed = started.elapsed().as_secs_f64();
+    if args.json {
+        let j = json!({
+            "snapshot_id": result.id,
+            "parent": result.snapshot.parent,
+            "files_new": s.files_new,
+            "files_changed": s.files_changed,
+            "files_unchanged": s.files_unchanged,
+            "dirs": s.dirs,
+            "bytes_total": s.bytes_total,
+            "bytes_read": s.bytes_read,
+            "chunks_duplicate": s.chunks_duplicate,
+            "bytes_duplicate": s.bytes_duplicate,
+            "chunks_delta": s.chunks_delta,
+            "bytes_delta_chunks": s.bytes_delta_chunks,
+            "bytes_delta": s.bytes_delta,
+            "chunks_whole": s.chunks_whole,
+            "bytes_whole": s.bytes_whole,
+            "bytes_added": s.bytes_added,
+            "errors": s.errors,
+            "elapsed_s": elapsed,
+        });
+        let mut out = std::io::stdout().lock();
+        serde_json::to_writer_pretty(&mut out, &j)?;
+        writeln!(out)?;
+    } else if !args.quiet {
+        let files = s.files_new + s.files_changed + s.files_unchanged;
+        eprintln!(
+            "snapshot {} saved: {files} files, {} dirs, {}: {} new, {} changed, {} unchanged{}",
+            &result.id[..8],
+            s.dirs,
+            human_bytes(s.bytes_total),
+            s.files_new,
+            s.files_changed,
+            s.files_unchanged,
+            if s.errors > 0 {
+                format!(", {} not readable (above)", s.errors)
+            } else {
+                String::new()
+            }
+        );
+        eprintln!(
+            "  read      {} ({} chunks already stored, {})",
+            human_bytes(s.bytes_read),
+            s.chunks_duplicate,
+            human_bytes(s.bytes_duplicate)
+        );
+        eprintln!(
+            "  stored    {} chunks whole ({}), {} as deltas ({} in {})",
+            s.chunks_whole,
+            human_bytes(s.bytes_whole),
+            s.chunks_delta,
+            human_bytes(s.bytes_delta_chunks),
+            human_bytes(s.bytes_delta)
+        );
+        eprintln!(
+            "  added     {} to the repository (compressed, encrypted)",
+            human_bytes(s.bytes_added)
+        );
+        eprintln!("  time      {elapsed:.2} s");
+    }
+    if s.errors > 0 {
+        anyhow::bail!(
+            "{} paths could not be read; the snapshot holds the rest",
+            s.errors
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,325 @@
+//! `dedupwire repo init|snapshots|ls|check|stats`: making and inspecting a backup repository.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use dedupwire_analyze::report::human_bytes;
+use dedupwire_repo::check::check;
+use dedupwire_repo::time::rfc3339;
+use dedupwire_repo::tree::{bytes_of, NodeKind};
+use dedupwire_repo::{BlobKind, Config, LocalBackend, Repository};
+use serde_json::json;
+
+use crate::repo_args::RepoArgs;
+
+/// Options of `dedupwire repo`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(clap::Subcommand)]
+enum Cmd {
+    /// Make a new, empty repository (the password is asked twice, or taken from
+    /// DEDUPWIRE_PASSWORD / --password-file).
+    Init {
+        #[command(flatten)]
+        repo: RepoArgs,
+        /// Print the new repository's id as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the snapshots, oldest first.
+    Snapshots {
+        #[command(flatten)]
+        repo: RepoArgs,
+        /// A JSON array: id, time, host, user, paths, tags, tree, parent, summary.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List what a snapshot holds (below PATH, as backed up).
+    Ls {
+        #[command(flatten)]
+        repo: RepoArgs,
+        /// An id, a unique prefix of one, or `latest`.
+        snapshot: String,
+        /// Only below this path.
+        path: Option<PathBuf>,
+        /// One JSON object per line: path, type, size, mode, mtime_ns.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check that every snapshot can be restored: the index against the packs, every tree
+    /// and blob the snapshots name; with --read-data, every byte.
+    Check {
+        #[command(flatten)]
+        repo: RepoArgs,
+        /// Read and verify every pack whole.
+        #[arg(long)]
+        read_data: bool,
+        /// Read and verify this share of the packs (e.g. 10%).
+        #[arg(long, value_name = "N%")]
+        read_data_subset: Option<String>,
+        /// The result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Sizes: what the snapshots hold against what the repository stores.
+    Stats {
+        #[command(flatten)]
+        repo: RepoArgs,
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Runs the subcommand.
+pub fn run(args: Args) -> Result<()> {
+    match args.cmd {
+        Cmd::Init { repo, json } => init(&repo, json),
+        Cmd::Snapshots { repo, json } => snapshots(&repo.open()?, json),
+        Cmd::Ls {
+            repo,
+            snapshot,
+            path,
+            json,
+        } => ls(&repo.open()?, &snapshot, path.as_deref(), json),
+        Cmd::Check {
+            repo,
+            read_data,
+            read_data_subset,
+            json,
+        } => {
+            let share = match (read_data, read_data_subset) {
+                (true, _) => 1.0,
+                (false, Some(s)) => {
+                    let n: f64 = s
+                        .trim_end_matches('%')
+                        .parse()
+                        .ok()
+                        .filter(|n| (0.0..=100.0).contains(n))
+                        .with_context(|| {
+                            format!("--read-data-subset {s:?}: use a share like 10%")
+                        })?;
+                    n / 100.0
+                }
+                (false, None) => 0.0,
+            };
+            run_check(&repo.open()?, share, json)
+        }
+        Cmd::Stats { repo, json } => stats(&repo.open()?, json),
+    }
+}
+
+fn init(args: &RepoArgs, json: bool) -> Result<()> {
+    let backend = LocalBackend::create(&args.repo)
+        .with_context(|| format!("creating a repository at {}", args.repo.display()))?;
+    let password = args.password(true)?;
+    let repo = Repository::init(
+        Box::new(backend),
+        &password,
+        RepoArgs::kdf(),
+        Config::default(),
+    )?;
+    if json {
+        println!("{}", json!({ "id": repo.config().id, "repo": args.repo }));
+    } else {
+        eprintln!(
+            "created repository {} at {}\n  keep the password: without it nothing in the \
+             repository can be read",
+            &repo.config().id[..8],
+            args.repo.display()
+        );
+    }
+    Ok(())
+}
+
+fn snapshots(repo: &Repository, json: bool) -> Result<()> {
+    let all = repo.snapshots()?;
+    if json {
+        let list: Vec<_> = all
+            .iter()
+            .map(|(id, s)| {
+                json!({
+                    "id": id,
+                    "short_id": &id[..8],
+                    "time": rfc3339(s.time_ns.div_euclid(1_000_000_000)),
+                    "host": s.host,
+                    "user": s.user,
+                    "paths": s.paths,
+                    "tags": s.tags,
+                    "tree": s.tree,
+                    "parent": s.parent,
+                    "summary": s.summary,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&list)?);
+        return Ok(());
+    }
+    println!(
+        "{:<8}  {:<20}  {:<12}  {:<12}  paths",
+        "id", "time", "host", "tags"
+    );
+    for (id, s) in &all {
+        println!(
+            "{:<8}  {:<20}  {:<12}  {:<12}  {}",
+            &id[..8],
+            rfc3339(s.time_ns.div_euclid(1_000_000_000)),
+            s.host,
+            s.tags.join(","),
+            s.paths.join(" ")
+        );
+    }
+    println!("{} snapshots", all.len());
+    Ok(())
+}
+
+fn ls(repo: &Repository, spec: &str, below: Option<&std::path::Path>, json: bool) -> Result<()> {
+    let (_, snapshot) = repo.find_snapshot(spec)?;
+    let mut stack = vec![(PathBuf::new(), snapshot.tree)];
+    let mut out = std::io::stdout().lock();
+    use std::io::Write;
+    while let Some((dir, tree_id)) = stack.pop() {
+        let tree = repo.read_tree(&tree_id)?;
+        for node in tree.nodes.iter().rev() {
+            let name = node.name_bytes().unwrap_or_default();
+            let path = dir.join(std::ffi::OsStr::from_encoded_bytes_checked(&name));
+            let (kind, size) = match &node.kind {
+                NodeKind::File { size, .. } => ("file", *size),
+                NodeKind::Dir { subtree } => {
+                    stack.push((path.clone(), *subtree));
+                    ("dir", 0)
+                }
+                NodeKind::Symlink { .. } => ("symlink", 0),
+            };
+            if below.is_some_and(|b| !path.starts_with(b)) {
+                continue;
+            }
+            if json {
+                let target = match &node.kind {
+                    NodeKind::Symlink { target, target_hex } => bytes_of(target, target_hex)
+                        .map(|t| String::from_utf8_lossy(&t).into_owned()),
+                    _ => None,
+                };
+                writeln!(
+                    out,
+                    "{}",
+                    json!({"path": path, "type": kind, "size": size, "mode": node.mode,
+                           "mtime_ns": node.mtime_ns, "target": target})
+                )?;
+            } else {
+                writeln!(
+                    out,
+                    "{} {:o} {:>10} {}",
+                    &kind[..1],
+                    node.mode,
+                    size,
+                    path.display()
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `OsStr` from bytes on Unix.
+trait FromBytes {
+    fn from_encoded_bytes_checked(b: &[u8]) -> &std::ffi::OsStr;
+}
+
+impl FromBytes for std::ffi::OsStr {
+    fn from_encoded_bytes_checked(b: &[u8]) -> &std::ffi::OsStr {
+        std::os::unix::ffi::OsStrExt::from_bytes(b)
+    }
+}
+
+fn run_check(repo: &Repository, share: f64, json: bool) -> Result<()> {
+    let r = check(repo, share)?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "snapshots": r.snapshots,
+                "packs": r.packs,
+                "packs_read": r.packs_read,
+                "blobs": r.blobs,
+                "unindexed_packs": r.unindexed_packs,
+                "errors": r.errors,
+            }))?
+        );
+    } else {
+        for e in &r.errors {
+            eprintln!("dedupwire repo check: {e}");
+        }
+        eprintln!(
+            "checked {} snapshots, {} packs ({} read whole), {} blobs: {}",
+            r.snapshots,
+            r.packs,
+            r.packs_read,
+            r.blobs,
+            if r.errors.is_empty() {
+                "no errors".to_string()
+            } else {
+                format!("{} errors", r.errors.len())
+            }
+        );
+        if r.unindexed_packs > 0 {
+            eprintln!(
+                "  {} packs are in no index (left by an interrupted backup; harmless)",
+                r.unindexed_packs
+            );
+        }
+    }
+    if !r.errors.is_empty() {
+        bail!("the repository has {} errors", r.errors.len());
+    }
+    Ok(())
+}
+
+fn stats(repo: &Repository, json: bool) -> Result<()> {
+    let snaps = repo.snapshots()?;
+    let raw: u64 = snaps.iter().map(|(_, s)| s.summary.bytes_total).sum();
+    let stored: u64 = repo.index().packs().map(|(_, size)| size).sum();
+    let (mut data, mut delta, mut tree) = (0u64, 0u64, 0u64);
+    for (_, loc) in repo.index().blobs() {
+        match loc.kind {
+            BlobKind::Data => data += 1,
+            BlobKind::Delta => delta += 1,
+            BlobKind::Tree => tree += 1,
+        }
+    }
+    let index_bytes = repo.index().memory_bytes() as u64;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "snapshots": snaps.len(),
+                "bytes_in_snapshots": raw,
+                "bytes_stored": stored,
+                "packs": repo.index().packs().count(),
+                "blobs_whole": data,
+                "blobs_delta": delta,
+                "blobs_tree": tree,
+                "index_memory_bytes": index_bytes,
+            }))?
+        );
+        return Ok(());
+    }
+    println!(
+        "{} snapshots holding {}, stored in {}{}",
+        snaps.len(),
+        human_bytes(raw),
+        human_bytes(stored),
+        if stored > 0 {
+            format!(" ({:.1}x)", raw as f64 / stored as f64)
+        } else {
+            String::new()
+        }
+    );
+    println!("  blobs     {data} whole chunks, {delta} deltas, {tree} trees");
+    println!("  index     {} in memory", human_bytes(index_bytes));
+    Ok(())
+}

@@ -1,0 +1,334 @@
+//! `dedupwire repo init`, `backup`, `restore`, `repo snapshots|ls|check|stats` as a user runs
+//! them: the real binary on real directories. A backup killed at random moments leaves a
+//! repository that checks clean, and the next backup reuses what it stored; two backups into
+//! one repository at once both land.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+mod common;
+
+fn dedupwire(repo: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_dedupwire"));
+    c.env("DEDUPWIRE_REPO", repo)
+        .env("DEDUPWIRE_PASSWORD", "a test password")
+        .env("DEDUPWIRE_TEST_KDF", "1");
+    c
+}
+
+fn ok(out: Output) -> Output {
+    assert!(
+        out.status.success(),
+        "failed: {}{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    out
+}
+
+fn run(repo: &Path, args: &[&str]) -> Output {
+    ok(dedupwire(repo).args(args).output().unwrap())
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn tempdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("dedupwire-backup-{tag}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&d);
+    fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        out.extend_from_slice(&s.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Path -> (mode, mtime, contents or link target) under `root`.
+fn tree(root: &Path) -> BTreeMap<PathBuf, (u32, i64, Vec<u8>)> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            let md = fs::symlink_metadata(&p).unwrap();
+            let mtime = md.mtime() * 1_000_000_000 + md.mtime_nsec();
+            let body = if md.is_dir() {
+                stack.push(p.clone());
+                Vec::new()
+            } else if md.file_type().is_symlink() {
+                fs::read_link(&p)
+                    .unwrap()
+                    .into_os_string()
+                    .into_encoded_bytes()
+            } else {
+                fs::read(&p).unwrap()
+            };
+            let mode = if md.file_type().is_symlink() {
+                0
+            } else {
+                md.mode() & 0o7777
+            };
+            out.insert(
+                p.strip_prefix(root).unwrap().to_path_buf(),
+                (mode, mtime, body),
+            );
+        }
+    }
+    out
+}
+
+fn restored(target: &Path, src: &Path) -> PathBuf {
+    target.join(src.strip_prefix("/").unwrap())
+}
+
+/// What the README tells a new user to do: init, back up, change, back up, list, restore
+/// each snapshot bit-exact, check.
+#[test]
+fn a_new_user_backs_up_twice_and_restores_each_version() {
+    let dir = tempdir("user");
+    let (src, repo) = (dir.join("src"), dir.join("repo"));
+    fs::create_dir_all(src.join("docs/empty")).unwrap();
+    fs::write(src.join("docs/report.txt"), "a report\n".repeat(20_000)).unwrap();
+    fs::write(src.join("photo.raw"), noise(1, 500_000)).unwrap();
+    fs::write(src.join("script.sh"), b"#!/bin/sh\necho hi\n").unwrap();
+    fs::set_permissions(src.join("script.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::symlink("docs/report.txt", src.join("latest-report")).unwrap();
+
+    let init = json(&run(&repo, &["repo", "init", "--json"]));
+    assert_eq!(init["id"].as_str().map(str::len), Some(32));
+    let first = json(&run(
+        &repo,
+        &["backup", src.to_str().unwrap(), "--tag", "first", "--json"],
+    ));
+    let v1 = tree(&src);
+    let mut text = "a report\n".repeat(20_000);
+    text.insert_str(50_000, "an edit in the middle\n");
+    fs::write(src.join("docs/report.txt"), text).unwrap();
+    fs::remove_file(src.join("script.sh")).unwrap();
+    let second = json(&run(&repo, &["backup", src.to_str().unwrap(), "--json"]));
+    assert_eq!(second["files_changed"], 1, "{second}");
+    assert_eq!(second["files_unchanged"], 1, "{second}");
+    assert!(
+        second["bytes_added"].as_u64().unwrap() < 8_000,
+        "an edit of one file added {second}"
+    );
+    let v2 = tree(&src);
+
+    let list = json(&run(&repo, &["repo", "snapshots", "--json"]));
+    let ids: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            first["snapshot_id"].as_str().unwrap(),
+            second["snapshot_id"].as_str().unwrap()
+        ]
+    );
+    assert_eq!(list[0]["tags"][0], "first");
+    assert_eq!(list[0]["paths"][0], src.to_str().unwrap());
+    for (spec, want) in [(&ids[0][..8], &v1), ("latest", &v2)] {
+        let target = dir.join(format!("restore-{spec}"));
+        run(
+            &repo,
+            &["restore", spec, "--target", target.to_str().unwrap()],
+        );
+        assert_eq!(&tree(&restored(&target, &src)), want, "snapshot {spec}");
+    }
+    let only = dir.join("only-docs");
+    let docs = src.join("docs");
+    run(
+        &repo,
+        &[
+            "restore",
+            "latest",
+            "--target",
+            only.to_str().unwrap(),
+            "--include",
+            docs.to_str().unwrap(),
+        ],
+    );
+    assert!(restored(&only, &src).join("docs/report.txt").exists());
+    assert!(!restored(&only, &src).join("photo.raw").exists());
+    let ls = String::from_utf8(run(&repo, &["repo", "ls", "latest"]).stdout).unwrap();
+    assert!(
+        ls.contains("docs/report.txt") && ls.contains("latest-report"),
+        "{ls}"
+    );
+    let check = json(&run(&repo, &["repo", "check", "--read-data", "--json"]));
+    assert_eq!(check["errors"].as_array().map(Vec::len), Some(0), "{check}");
+    let stats = json(&run(&repo, &["repo", "stats", "--json"]));
+    assert_eq!(stats["snapshots"], 2);
+
+    let wrong = dedupwire(&repo)
+        .env("DEDUPWIRE_PASSWORD", "not it")
+        .args(["repo", "snapshots"])
+        .output()
+        .unwrap();
+    assert!(!wrong.status.success());
+    assert!(String::from_utf8_lossy(&wrong.stderr).contains("wrong password"));
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// kill -9 of a backup at random moments: the repository checks clean every time (packs of
+/// the killed run that made it into no index are reported as harmless), and the backup that
+/// finishes stores less than the whole tree, having reused the killed runs' packs.
+#[test]
+fn a_killed_backup_leaves_a_valid_repository_and_the_next_reuses_its_packs() {
+    let dir = tempdir("kill");
+    let (src, repo) = (dir.join("src"), dir.join("repo"));
+    fs::create_dir_all(&src).unwrap();
+    for i in 0..12 {
+        fs::write(src.join(format!("{i}.bin")), noise(100 + i, 6 << 20)).unwrap();
+    }
+    let total = 12 * (6u64 << 20);
+    run(&repo, &["repo", "init"]);
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64;
+    eprintln!("seed {seed}");
+    let mut stored_packs = 0;
+    for round in 0..3u64 {
+        let mut child = dedupwire(&repo)
+            .args(["backup", src.to_str().unwrap(), "--quiet"])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let wait = 300 + (seed.wrapping_mul(round + 7) % 1500);
+        std::thread::sleep(Duration::from_millis(wait));
+        let _ = child.kill();
+        child.wait().unwrap();
+        let check = json(&run(&repo, &["repo", "check", "--read-data", "--json"]));
+        assert_eq!(
+            check["errors"].as_array().map(Vec::len),
+            Some(0),
+            "after a kill: {check}"
+        );
+        stored_packs = check["packs"].as_u64().unwrap();
+    }
+    let last = json(&run(&repo, &["backup", src.to_str().unwrap(), "--json"]));
+    if stored_packs > 0 {
+        assert!(
+            last["bytes_added"].as_u64().unwrap() < total,
+            "the finishing backup stored everything again: {last}"
+        );
+        assert!(last["chunks_duplicate"].as_u64().unwrap() > 0, "{last}");
+    }
+    let target = dir.join("out");
+    run(
+        &repo,
+        &["restore", "latest", "--target", target.to_str().unwrap()],
+    );
+    assert_eq!(tree(&restored(&target, &src)), tree(&src));
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// Two backups into one repository at the same moment both land and both restore.
+#[test]
+fn two_backups_at_once_both_land() {
+    let dir = tempdir("two");
+    let repo = dir.join("repo");
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    for (d, seed) in [(&a, 1), (&b, 2)] {
+        fs::create_dir_all(d).unwrap();
+        for i in 0..4 {
+            fs::write(d.join(format!("{i}")), noise(seed * 10 + i, 3 << 20)).unwrap();
+        }
+        fs::write(d.join("shared"), noise(99, 2 << 20)).unwrap();
+    }
+    run(&repo, &["repo", "init"]);
+    let spawn = |p: &Path| {
+        dedupwire(&repo)
+            .args(["backup", p.to_str().unwrap(), "--json"])
+            .stderr(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (ca, cb) = (spawn(&a), spawn(&b));
+    ok(ca.wait_with_output().unwrap());
+    ok(cb.wait_with_output().unwrap());
+    let check = json(&run(&repo, &["repo", "check", "--read-data", "--json"]));
+    assert_eq!(check["errors"].as_array().map(Vec::len), Some(0), "{check}");
+    assert_eq!(check["snapshots"], 2);
+    for d in [&a, &b] {
+        let list = json(&run(&repo, &["repo", "snapshots", "--json"]));
+        let id = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["paths"][0] == d.to_str().unwrap())
+            .unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let target = dir.join(format!("out-{}", &id[..8]));
+        run(
+            &repo,
+            &["restore", &id, "--target", target.to_str().unwrap()],
+        );
+        assert_eq!(tree(&restored(&target, d)), tree(d));
+    }
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// What cannot be read is named, the rest is backed up, and the exit status says so. As root
+/// (which reads everything) the backup runs as `nobody`.
+#[test]
+fn unreadable_files_are_named_and_the_rest_backed_up() {
+    let dir = tempdir("unreadable");
+    let (src, repo) = (dir.join("src"), dir.join("repo"));
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("fine"), b"fine").unwrap();
+    fs::write(src.join("secret"), b"secret").unwrap();
+    fs::set_permissions(src.join("secret"), fs::Permissions::from_mode(0o000)).unwrap();
+    let as_nobody = common::is_root();
+    let user = |c: &mut Command| {
+        if as_nobody {
+            std::os::unix::process::CommandExt::uid(c, 65534);
+            std::os::unix::process::CommandExt::gid(c, 65534);
+        }
+    };
+    if as_nobody {
+        fs::create_dir_all(&repo).unwrap();
+        std::os::unix::fs::chown(&repo, Some(65534), Some(65534)).unwrap();
+    }
+    let mut init = dedupwire(&repo);
+    init.args(["repo", "init"]);
+    user(&mut init);
+    ok(init.output().unwrap());
+    let mut backup = dedupwire(&repo);
+    backup.args(["backup", src.to_str().unwrap()]);
+    user(&mut backup);
+    let out = backup.output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("secret") && err.contains("Permission denied"),
+        "{err}"
+    );
+    assert!(err.contains("1 paths could not be read"), "{err}");
+    let ls = String::from_utf8(run(&repo, &["repo", "ls", "latest"]).stdout).unwrap();
+    assert!(ls.contains("fine") && !ls.contains("secret"), "{ls}");
+    let _ = fs::remove_dir_all(&dir);
+}

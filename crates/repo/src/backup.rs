@@ -1,0 +1,485 @@
+//! `backup`: a tree into a snapshot, through Neptune's filtration.
+//!
+//! Each file is cut into FastCDC chunks. A chunk whose keyed BLAKE3 id the repository holds
+//! is a duplicate (nothing stored). Otherwise its super-features find up to `top_k` whole
+//! chunks that share some (Neptune's top-k candidates); the chunk is delta-encoded against each
+//! and the smallest delta kept when it is below `delta_worth` of the chunk. A delta's base is
+//! always a whole chunk, so any chunk is rebuilt from at most two blobs (shortcut chains). A
+//! chunk stored whole becomes a base for what follows. Blobs go into compressed frames in
+//! packs; each pack is stored with its index file before the next begins, and the snapshot
+//! last, so a backup cut off at any point leaves a valid repository whose packs the next
+//! backup reuses.
+//!
+//! A file whose size, mtime and inode match the parent snapshot's is not read again.
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use dedupwire_engine::chunk::{ChunkerSpec, StreamChunker};
+
+use crate::blob::{BlobId, BlobKind};
+use crate::pack::PackBuilder;
+use crate::repository::{encode_delta, RepoError, Repository, Result};
+use crate::snapshot::{Snapshot, Summary, SNAPSHOT_VERSION};
+use crate::tree::{text_or_hex, Node, NodeKind, Tree};
+
+/// What to back up and how.
+#[derive(Debug, Clone, Default)]
+pub struct BackupOptions {
+    /// Paths to back up (files or directories).
+    pub paths: Vec<PathBuf>,
+    /// Tags for the snapshot.
+    pub tags: Vec<String>,
+    /// Glob patterns of paths to leave out (matched against the whole path and the name).
+    pub excludes: Vec<String>,
+    /// Read every file, even those the parent snapshot has unchanged.
+    pub force_read: bool,
+    /// The snapshot to compare with (default: the latest of the same host and paths).
+    pub parent: Option<String>,
+    /// The host recorded (default: this machine's name).
+    pub host: Option<String>,
+}
+
+/// Where a backup is, for progress displays.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Progress {
+    /// Files done.
+    pub files: u64,
+    /// Bytes of file contents done (read, or taken unchanged).
+    pub bytes: u64,
+}
+
+/// A finished backup.
+#[derive(Debug, Clone)]
+pub struct BackupResult {
+    /// The snapshot's id.
+    pub id: String,
+    /// The snapshot.
+    pub snapshot: Snapshot,
+    /// Paths that could not be read, with why (left out of the snapshot).
+    pub warnings: Vec<String>,
+}
+
+struct Backup<'r, 'p> {
+    repo: &'r mut Repository,
+    builder: PackBuilder,
+    /// Whole chunks in `builder`, readable as delta bases before the pack is stored.
+    pending: HashMap<BlobId, Vec<u8>>,
+    /// Every blob id in `builder`.
+    pending_ids: HashSet<BlobId>,
+    chunker: Box<dyn dedupwire_engine::chunk::Chunker>,
+    excludes: globset::GlobSet,
+    force_read: bool,
+    summary: Summary,
+    warnings: Vec<String>,
+    progress: Progress,
+    on_progress: &'p mut dyn FnMut(Progress),
+    delta: Vec<u8>,
+    best: Vec<u8>,
+    config: crate::repository::Config,
+}
+
+/// Backs up `opts.paths` into a new snapshot.
+pub fn backup(
+    repo: &mut Repository,
+    opts: &BackupOptions,
+    on_progress: &mut dyn FnMut(Progress),
+) -> Result<BackupResult> {
+    if opts.paths.is_empty() {
+        return Err(RepoError::Invalid("no path to back up".to_string()));
+    }
+    let mut globs = globset::GlobSetBuilder::new();
+    for pattern in &opts.excludes {
+        let glob = globset::Glob::new(pattern)
+            .map_err(|e| RepoError::Invalid(format!("--exclude {pattern:?}: {e}")))?;
+        globs.add(glob);
+    }
+    let excludes = globs
+        .build()
+        .map_err(|e| RepoError::Invalid(format!("--exclude: {e}")))?;
+    let mut paths = Vec::new();
+    for p in &opts.paths {
+        let abs = std::path::absolute(p)
+            .map_err(|e| RepoError::Invalid(format!("{}: {e}", p.display())))?;
+        fs::symlink_metadata(&abs)
+            .map_err(|e| RepoError::Invalid(format!("{}: {e}", abs.display())))?;
+        paths.push(abs);
+    }
+    paths.sort();
+    paths.dedup();
+    let host = opts.host.clone().unwrap_or_else(hostname);
+    let path_texts: Vec<String> = paths
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    let parent = match &opts.parent {
+        Some(spec) => Some(repo.find_snapshot(spec)?),
+        None => repo
+            .snapshots()?
+            .into_iter()
+            .rev()
+            .find(|(_, s)| s.host == host && s.paths == path_texts),
+    };
+    let parent_tree = match &parent {
+        Some((_, s)) => Some(repo.read_tree(&s.tree)?),
+        None => None,
+    };
+    let c = repo.config().chunker;
+    let chunker = ChunkerSpec::Cdc {
+        min: c.min,
+        avg: c.avg,
+        max: c.max,
+    }
+    .build()
+    .map_err(|e| RepoError::Invalid(format!("chunker: {e}")))?;
+    let time_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64);
+    let builder = repo.pack_builder();
+    let repo_config = repo.config().clone();
+    let mut b = Backup {
+        repo,
+        builder,
+        pending: HashMap::new(),
+        pending_ids: HashSet::new(),
+        chunker,
+        excludes,
+        force_read: opts.force_read,
+        summary: Summary::default(),
+        warnings: Vec::new(),
+        progress: Progress::default(),
+        on_progress,
+        delta: Vec::new(),
+        best: Vec::new(),
+        config: repo_config,
+    };
+    let mut root = Tree::default();
+    for (path, text) in paths.iter().zip(&path_texts) {
+        let md = fs::symlink_metadata(path)
+            .map_err(|e| RepoError::Invalid(format!("{}: {e}", path.display())))?;
+        let old = parent_tree
+            .as_ref()
+            .and_then(|t| t.nodes.iter().find(|n| n.name.as_deref() == Some(text)));
+        if let Some(mut node) = b.node(path, &md, old)? {
+            node.name = Some(text.clone());
+            node.name_hex = None;
+            root.nodes.push(node);
+        }
+    }
+    let tree = b.store_tree(&root)?;
+    b.flush()?;
+    let snapshot = Snapshot {
+        version: SNAPSHOT_VERSION,
+        time_ns,
+        host,
+        user: std::env::var("USER").unwrap_or_default(),
+        paths: path_texts,
+        tags: opts.tags.clone(),
+        tree,
+        parent: parent.map(|(id, _)| id),
+        summary: b.summary.clone(),
+    };
+    let warnings = std::mem::take(&mut b.warnings);
+    let id = b.repo.save_snapshot(&snapshot)?;
+    Ok(BackupResult {
+        id,
+        snapshot,
+        warnings,
+    })
+}
+
+/// This machine's name.
+pub fn hostname() -> String {
+    fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| fs::read_to_string("/etc/hostname"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".to_string())
+}
+
+fn mtime_ns(md: &fs::Metadata) -> i64 {
+    md.mtime()
+        .saturating_mul(1_000_000_000)
+        .saturating_add(md.mtime_nsec())
+}
+
+impl Backup<'_, '_> {
+    fn warn(&mut self, path: &Path, what: impl std::fmt::Display) {
+        self.summary.errors += 1;
+        self.warnings.push(format!("{}: {what}", path.display()));
+    }
+
+    /// The node of `path`, or `None` when it is left out (excluded, unreadable, a device).
+    fn node(&mut self, path: &Path, md: &fs::Metadata, old: Option<&Node>) -> Result<Option<Node>> {
+        if !self.excludes.is_empty()
+            && (self.excludes.is_match(path)
+                || path.file_name().is_some_and(|n| self.excludes.is_match(n)))
+        {
+            return Ok(None);
+        }
+        let (name, name_hex) = text_or_hex(path.file_name().map_or(b"", |n| n.as_bytes()));
+        let ft = md.file_type();
+        let kind = if ft.is_dir() {
+            self.summary.dirs += 1;
+            let old_tree = match old.map(|n| &n.kind) {
+                Some(NodeKind::Dir { subtree }) if !self.force_read => {
+                    self.repo.read_tree(subtree).ok()
+                }
+                _ => None,
+            };
+            let Some(tree) = self.dir(path, old_tree.as_ref())? else {
+                return Ok(None);
+            };
+            NodeKind::Dir {
+                subtree: self.store_tree(&tree)?,
+            }
+        } else if ft.is_file() {
+            let unchanged = match old {
+                Some(o)
+                    if !self.force_read && o.mtime_ns == mtime_ns(md) && o.inode == md.ino() =>
+                {
+                    match &o.kind {
+                        NodeKind::File { size, content }
+                            if *size == md.len() && content.iter().all(|id| self.known(id)) =>
+                        {
+                            Some(content.clone())
+                        }
+                        _ => None,
+                    }
+                }
+                _ => None,
+            };
+            let was_file = matches!(old.map(|o| &o.kind), Some(NodeKind::File { .. }));
+            let content = match unchanged {
+                Some(c) => {
+                    self.summary.files_unchanged += 1;
+                    self.progress.bytes += md.len();
+                    c
+                }
+                None => match self.file(path) {
+                    Ok(c) => {
+                        if was_file {
+                            self.summary.files_changed += 1;
+                        } else {
+                            self.summary.files_new += 1;
+                        }
+                        c
+                    }
+                    Err(FileError::Read(e)) => {
+                        self.warn(path, format!("not backed up: {e}"));
+                        return Ok(None);
+                    }
+                    Err(FileError::Repo(e)) => return Err(e),
+                },
+            };
+            self.summary.bytes_total += md.len();
+            self.progress.files += 1;
+            (self.on_progress)(self.progress);
+            NodeKind::File {
+                size: md.len(),
+                content,
+            }
+        } else if ft.is_symlink() {
+            let target = match fs::read_link(path) {
+                Ok(t) => t,
+                Err(e) => {
+                    self.warn(path, format!("not backed up: {e}"));
+                    return Ok(None);
+                }
+            };
+            let (target, target_hex) = text_or_hex(target.as_os_str().as_bytes());
+            NodeKind::Symlink { target, target_hex }
+        } else {
+            self.warn(path, "not backed up: not a file, directory or symlink");
+            return Ok(None);
+        };
+        Ok(Some(Node {
+            name,
+            name_hex,
+            kind,
+            mode: md.mode() & 0o7777,
+            mtime_ns: mtime_ns(md),
+            inode: md.ino(),
+            uid: md.uid(),
+            gid: md.gid(),
+        }))
+    }
+
+    /// Whether a blob is stored (in the repository or in the pack being built).
+    fn known(&self, id: &BlobId) -> bool {
+        self.pending_ids.contains(id) || self.repo.index().contains(id)
+    }
+
+    fn dir(&mut self, path: &Path, old: Option<&Tree>) -> Result<Option<Tree>> {
+        let entries = match fs::read_dir(path) {
+            Ok(e) => e,
+            Err(e) => {
+                self.warn(path, format!("not backed up: {e}"));
+                return Ok(None);
+            }
+        };
+        let mut names: Vec<std::ffi::OsString> = Vec::new();
+        for e in entries {
+            match e {
+                Ok(e) => names.push(e.file_name()),
+                Err(e) => self.warn(path, format!("an entry could not be listed: {e}")),
+            }
+        }
+        names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+        let mut tree = Tree::default();
+        for name in names {
+            let child = path.join(&name);
+            let md = match fs::symlink_metadata(&child) {
+                Ok(md) => md,
+                Err(e) => {
+                    self.warn(&child, format!("not backed up (vanished?): {e}"));
+                    continue;
+                }
+            };
+            let old_node = old.and_then(|t| {
+                t.nodes
+                    .iter()
+                    .find(|n| n.name_bytes().as_deref() == Some(name.as_bytes()))
+            });
+            if let Some(node) = self.node(&child, &md, old_node)? {
+                tree.nodes.push(node);
+            }
+        }
+        Ok(Some(tree))
+    }
+
+    /// Reads and stores one file's chunks.
+    fn file(&mut self, path: &Path) -> Result<Vec<BlobId>, FileError> {
+        let f = fs::File::open(path).map_err(FileError::Read)?;
+        let chunker =
+            std::mem::replace(&mut self.chunker, Box::new(dedupwire_engine::chunk::Whole));
+        let r = self.chunks(&*chunker, f);
+        self.chunker = chunker;
+        r
+    }
+
+    fn chunks(
+        &mut self,
+        chunker: &dyn dedupwire_engine::chunk::Chunker,
+        f: fs::File,
+    ) -> Result<Vec<BlobId>, FileError> {
+        let mut stream = StreamChunker::new(chunker, f);
+        let mut ids = Vec::new();
+        loop {
+            let chunk = match stream.next_chunk() {
+                Ok(Some(c)) => c.to_vec(),
+                Ok(None) => break,
+                Err(e) => return Err(FileError::Read(std::io::Error::other(e.to_string()))),
+            };
+            self.summary.bytes_read += chunk.len() as u64;
+            self.progress.bytes += chunk.len() as u64;
+            ids.push(self.store_chunk(&chunk).map_err(FileError::Repo)?);
+            if ids.len() % 64 == 0 {
+                (self.on_progress)(self.progress);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Stores one chunk: nothing if known, else a delta against a similar whole chunk where
+    /// that pays, else whole.
+    fn store_chunk(&mut self, chunk: &[u8]) -> Result<BlobId> {
+        let id = self.repo.id_of(chunk);
+        if self.known(&id) {
+            self.summary.chunks_duplicate += 1;
+            self.summary.bytes_duplicate += chunk.len() as u64;
+            return Ok(id);
+        }
+        let config = &self.config;
+        let features = config.super_features.super_features(chunk);
+        let limit = (chunk.len() as f64 * config.delta_worth) as usize;
+        let mut base_used = None;
+        for base_id in self.repo.index().similar(&features, config.top_k) {
+            let base = match self.pending.get(&base_id) {
+                Some(b) => b.clone(),
+                None => match self.repo.read_blob(&base_id) {
+                    Ok(b) => b,
+                    // A base that cannot be read is no base; check reports the damage.
+                    Err(RepoError::Damaged(_) | RepoError::MissingBlob(_)) => continue,
+                    Err(e) => return Err(e),
+                },
+            };
+            encode_delta(&base, chunk, &mut self.delta);
+            if self.delta.len() < limit
+                && (base_used.is_none() || self.delta.len() < self.best.len())
+            {
+                std::mem::swap(&mut self.delta, &mut self.best);
+                base_used = Some(base_id);
+            }
+        }
+        match base_used {
+            Some(base) => {
+                self.summary.chunks_delta += 1;
+                self.summary.bytes_delta_chunks += chunk.len() as u64;
+                self.summary.bytes_delta += self.best.len() as u64;
+                let delta = std::mem::take(&mut self.best);
+                self.repo.add_blob(
+                    &mut self.builder,
+                    id,
+                    BlobKind::Delta,
+                    &delta,
+                    Some(base),
+                    Vec::new(),
+                );
+                self.best = delta;
+            }
+            None => {
+                self.summary.chunks_whole += 1;
+                self.summary.bytes_whole += chunk.len() as u64;
+                self.repo.add_blob(
+                    &mut self.builder,
+                    id,
+                    BlobKind::Data,
+                    chunk,
+                    None,
+                    features.clone(),
+                );
+                self.repo.index_mut().add_features(id, &features);
+                self.pending.insert(id, chunk.to_vec());
+            }
+        }
+        self.pending_ids.insert(id);
+        if self.builder.size() >= self.config.pack_size {
+            self.flush()?;
+        }
+        Ok(id)
+    }
+
+    fn store_tree(&mut self, tree: &Tree) -> Result<BlobId> {
+        let json = serde_json::to_vec(tree).expect("serializable");
+        let id = self.repo.id_of(&json);
+        if !self.known(&id) {
+            self.repo.add_blob(
+                &mut self.builder,
+                id,
+                BlobKind::Tree,
+                &json,
+                None,
+                Vec::new(),
+            );
+            self.pending_ids.insert(id);
+        }
+        Ok(id)
+    }
+
+    /// Stores the pack being built (and its index file).
+    fn flush(&mut self) -> Result<()> {
+        let builder = std::mem::replace(&mut self.builder, self.repo.pack_builder());
+        self.summary.bytes_added += self.repo.store_pack(builder)?;
+        self.pending.clear();
+        self.pending_ids.clear();
+        Ok(())
+    }
+}
+
+enum FileError {
+    Read(std::io::Error),
+    Repo(RepoError),
+}

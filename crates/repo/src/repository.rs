@@ -1,0 +1,509 @@
+//! A repository opened with its password: config, index, blob reads and writes, snapshots.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+use dedupwire_engine::delta::{DeltaCodec, Sampled};
+use dedupwire_engine::fingerprint::Fingerprinter;
+use dedupwire_engine::similarity::SuperFeatureConfig;
+use serde::{Deserialize, Serialize};
+
+use crate::backend::{Backend, BackendError, ObjectKind};
+use crate::blob::{BlobId, BlobKind};
+use crate::crypto::{CryptoError, KdfParams, MasterKey};
+use crate::index::{Index, IndexFile, Location, PackRecord, INDEX_VERSION};
+use crate::pack::{open_frame, BlobEntry, FrameEntry, PackBuilder};
+use crate::snapshot::{Snapshot, SNAPSHOT_VERSION};
+
+/// Why a repository operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RepoError {
+    /// The storage failed.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// A key or an object could not be opened.
+    #[error(transparent)]
+    Crypto(#[from] CryptoError),
+    /// An object is damaged or inconsistent: what, and where.
+    #[error("{0}")]
+    Damaged(String),
+    /// A blob the repository should hold is missing from its index.
+    #[error("blob {0} is not in the repository's index")]
+    MissingBlob(BlobId),
+    /// The request cannot be served (no such snapshot, an ambiguous prefix, ...).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = RepoError> = std::result::Result<T, E>;
+
+/// A repository's parameters, fixed at `init`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Config {
+    /// The format version (1).
+    pub version: u32,
+    /// A random id, hex.
+    pub id: String,
+    /// FastCDC sizes of file chunks.
+    pub chunker: ChunkerParams,
+    /// How super-features of whole chunks are computed.
+    pub super_features: SuperFeatureConfig,
+    /// Candidate bases tried per new chunk (Neptune's top-k).
+    pub top_k: usize,
+    /// A delta is kept only when it is below this share of its chunk.
+    pub delta_worth: f64,
+    /// Target pack size in bytes.
+    pub pack_size: usize,
+    /// Blob bytes per compressed frame.
+    pub frame_size: usize,
+    /// zstd level of frames.
+    pub zstd_level: i32,
+}
+
+/// FastCDC chunk sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkerParams {
+    /// Smallest chunk.
+    pub min: usize,
+    /// Average.
+    pub avg: usize,
+    /// Largest.
+    pub max: usize,
+}
+
+/// The repository format's version.
+pub const REPO_VERSION: u32 = 1;
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            version: REPO_VERSION,
+            id: String::new(),
+            chunker: ChunkerParams {
+                min: 2 << 10,
+                avg: 8 << 10,
+                max: 64 << 10,
+            },
+            super_features: SuperFeatureConfig::default(),
+            top_k: 4,
+            delta_worth: 0.5,
+            pack_size: 16 << 20,
+            frame_size: 1 << 20,
+            zstd_level: 3,
+        }
+    }
+}
+
+impl Config {
+    /// Checks the parameters a repository's config may carry.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |why: String| Err(RepoError::Damaged(format!("config: {why}")));
+        if self.version != REPO_VERSION {
+            return bad(format!(
+                "repository version {} (this dedupwire reads {REPO_VERSION})",
+                self.version
+            ));
+        }
+        let c = self.chunker;
+        if !(64 <= c.min && c.min <= c.avg && c.avg <= c.max && c.max <= 16 << 20) {
+            return bad(format!("chunker sizes {c:?}"));
+        }
+        if !(4 << 20..=64 << 20).contains(&self.pack_size) {
+            return bad(format!("pack size {} is outside 4-64 MiB", self.pack_size));
+        }
+        if !(64 << 10..=16 << 20).contains(&self.frame_size) || !(1..=16).contains(&self.top_k) {
+            return bad("frame size or top_k out of range".to_string());
+        }
+        self.super_features
+            .validate()
+            .map_err(|e| RepoError::Damaged(format!("config: {e}")))
+    }
+}
+
+/// Decompressed frames kept for reads, at most this many bytes.
+const FRAME_CACHE_BYTES: usize = 64 << 20;
+
+/// A frame cache: (pack, frame offset) -> plaintext, least recently used out first.
+#[derive(Default)]
+struct FrameCache {
+    frames: HashMap<(u32, u64), std::sync::Arc<Vec<u8>>>,
+    order: VecDeque<(u32, u64)>,
+    bytes: usize,
+}
+
+/// An open repository.
+pub struct Repository {
+    backend: Box<dyn Backend>,
+    key: MasterKey,
+    config: Config,
+    ids: Fingerprinter,
+    index: Index,
+    cache: Mutex<FrameCache>,
+}
+
+/// A random id of 32 hex digits.
+pub fn random_name() -> String {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b).expect("the OS has randomness");
+    hex::encode(b)
+}
+
+impl Repository {
+    /// Makes a new repository in `backend` (which must be empty), its master key wrapped by
+    /// `password`.
+    pub fn init(
+        backend: Box<dyn Backend>,
+        password: &[u8],
+        kdf: KdfParams,
+        mut config: Config,
+    ) -> Result<Repository> {
+        config.id = random_name();
+        config.validate()?;
+        let key = MasterKey::generate();
+        let key_file = key.wrap(password, kdf);
+        let name = hex::encode(&blake3::hash(&key_file).as_bytes()[..16]);
+        backend.put_new(ObjectKind::Key, &name, &key_file)?;
+        let sealed = key.seal(&serde_json::to_vec(&config).expect("serializable"));
+        if !backend.put_new(ObjectKind::Config, "config", &sealed)? {
+            return Err(RepoError::Invalid(
+                "a repository already exists there".to_string(),
+            ));
+        }
+        Ok(Repository::with(backend, key, config))
+    }
+
+    /// Opens a repository: finds a key that `password` opens, reads the config and the index.
+    pub fn open(backend: Box<dyn Backend>, password: &[u8]) -> Result<Repository> {
+        let mut keys = backend.list(ObjectKind::Key)?;
+        keys.sort();
+        if keys.is_empty() {
+            return Err(RepoError::Damaged(
+                "the repository has no key files".to_string(),
+            ));
+        }
+        let mut key = None;
+        for (name, _) in &keys {
+            let file = backend.get(ObjectKind::Key, name)?;
+            match MasterKey::unwrap(&file, password) {
+                Ok(k) => {
+                    key = Some(k);
+                    break;
+                }
+                Err(CryptoError::WrongPassword) => {}
+                Err(e) => return Err(RepoError::Damaged(format!("key {name}: {e}"))),
+            }
+        }
+        let key = key.ok_or(CryptoError::WrongPassword)?;
+        let sealed = backend.get(ObjectKind::Config, "config")?;
+        let config: Config = serde_json::from_slice(&key.open(&sealed, "config")?)
+            .map_err(|e| RepoError::Damaged(format!("config: {e}")))?;
+        config.validate()?;
+        let mut repo = Repository::with(backend, key, config);
+        repo.load_index()?;
+        Ok(repo)
+    }
+
+    fn with(backend: Box<dyn Backend>, key: MasterKey, config: Config) -> Repository {
+        let ids = Fingerprinter::keyed(key.id_key());
+        Repository {
+            backend,
+            key,
+            config,
+            ids,
+            index: Index::default(),
+            cache: Mutex::default(),
+        }
+    }
+
+    /// Reads every index file into memory.
+    pub fn load_index(&mut self) -> Result<()> {
+        let mut index = Index::default();
+        let mut names = self.backend.list(ObjectKind::Index)?;
+        names.sort();
+        for (name, _) in names {
+            index.add_file(&self.read_index_file(&name)?);
+        }
+        self.index = index;
+        Ok(())
+    }
+
+    /// One index file.
+    pub fn read_index_file(&self, name: &str) -> Result<IndexFile> {
+        let sealed = self.backend.get(ObjectKind::Index, name)?;
+        let what = format!("index file {name}");
+        let packed = self.key.open(&sealed, &what)?;
+        let json = zstd::bulk::decompress(&packed, crate::pack::MAX_FRAME)
+            .map_err(|e| RepoError::Damaged(format!("{what}: does not decompress: {e}")))?;
+        let file: IndexFile = serde_json::from_slice(&json)
+            .map_err(|e| RepoError::Damaged(format!("{what}: {e}")))?;
+        if file.version != INDEX_VERSION {
+            return Err(RepoError::Damaged(format!(
+                "{what}: version {} (this dedupwire reads {INDEX_VERSION})",
+                file.version
+            )));
+        }
+        Ok(file)
+    }
+
+    /// The storage.
+    pub fn backend(&self) -> &dyn Backend {
+        &*self.backend
+    }
+
+    /// The master key.
+    pub fn key(&self) -> &MasterKey {
+        &self.key
+    }
+
+    /// The parameters.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The index.
+    pub fn index(&self) -> &Index {
+        &self.index
+    }
+
+    /// The index, to add to.
+    pub fn index_mut(&mut self) -> &mut Index {
+        &mut self.index
+    }
+
+    /// The id of `bytes` in this repository (keyed BLAKE3).
+    pub fn id_of(&self, bytes: &[u8]) -> BlobId {
+        BlobId(self.ids.fingerprint(bytes).0)
+    }
+
+    /// The plaintext of a frame, from the cache or the pack.
+    fn frame(&self, pack: u32, frame: &FrameEntry) -> Result<std::sync::Arc<Vec<u8>>> {
+        let k = (pack, frame.offset);
+        if let Some(f) = self.cache.lock().expect("not poisoned").frames.get(&k) {
+            return Ok(f.clone());
+        }
+        let (name, _) = self.index.pack(pack);
+        let sealed = self.backend.get_range(
+            ObjectKind::Pack,
+            name,
+            frame.offset,
+            u64::from(frame.length),
+        )?;
+        if sealed.len() != frame.length as usize {
+            return Err(RepoError::Damaged(format!(
+                "pack {name}: ends before its frame at {}",
+                frame.offset
+            )));
+        }
+        let what = format!("pack {name}, frame at {}", frame.offset);
+        let plain = std::sync::Arc::new(
+            open_frame(&self.key, &sealed, frame.raw_length, &what).map_err(RepoError::Damaged)?,
+        );
+        let mut c = self.cache.lock().expect("not poisoned");
+        c.bytes += plain.len();
+        c.frames.insert(k, plain.clone());
+        c.order.push_back(k);
+        while c.bytes > FRAME_CACHE_BYTES {
+            let Some(old) = c.order.pop_front() else {
+                break;
+            };
+            if let Some(f) = c.frames.remove(&old) {
+                c.bytes -= f.len();
+            }
+        }
+        Ok(plain)
+    }
+
+    /// A blob's stored bytes (a delta blob's delta, not its chunk).
+    pub fn raw_blob(&self, loc: &Location) -> Result<Vec<u8>> {
+        let frame = self.frame(loc.pack, &loc.frame)?;
+        let (start, end) = (
+            loc.offset as usize,
+            loc.offset as usize + loc.length as usize,
+        );
+        frame.get(start..end).map(<[u8]>::to_vec).ok_or_else(|| {
+            RepoError::Damaged(format!(
+                "pack {}: a blob past its frame's end",
+                self.index.pack(loc.pack).0
+            ))
+        })
+    }
+
+    /// A blob's contents: a data or tree blob as stored, a delta applied to its base; checked
+    /// against its id.
+    pub fn read_blob(&self, id: &BlobId) -> Result<Vec<u8>> {
+        let loc = *self.index.get(id).ok_or(RepoError::MissingBlob(*id))?;
+        let bytes = match loc.kind {
+            BlobKind::Data | BlobKind::Tree => self.raw_blob(&loc)?,
+            BlobKind::Delta => {
+                let base_id = loc
+                    .base
+                    .ok_or_else(|| RepoError::Damaged(format!("delta blob {id} names no base")))?;
+                let base_loc = *self
+                    .index
+                    .get(&base_id)
+                    .ok_or(RepoError::MissingBlob(base_id))?;
+                if base_loc.kind != BlobKind::Data {
+                    return Err(RepoError::Damaged(format!(
+                        "delta blob {id}: its base {base_id} is not a whole chunk"
+                    )));
+                }
+                let base = self.raw_blob(&base_loc)?;
+                let delta = self.raw_blob(&loc)?;
+                decode_delta(&base, &delta, self.config.chunker.max)
+                    .map_err(|e| RepoError::Damaged(format!("delta blob {id}: {e}")))?
+            }
+        };
+        if self.id_of(&bytes) != *id {
+            return Err(RepoError::Damaged(format!(
+                "blob {id} does not match its id (damaged in pack {})",
+                self.index.pack(loc.pack).0
+            )));
+        }
+        Ok(bytes)
+    }
+
+    /// Stores a pack, then an index file for it (so that a backup cut off later leaves the
+    /// pack findable); returns the bytes added.
+    pub fn store_pack(&mut self, builder: PackBuilder) -> Result<u64> {
+        if builder.is_empty() {
+            return Ok(0);
+        }
+        let (bytes, contents) = builder.finish(&self.key);
+        let name = blake3::hash(&bytes).to_hex().to_string();
+        self.backend.put_new(ObjectKind::Pack, &name, &bytes)?;
+        let file = IndexFile {
+            version: INDEX_VERSION,
+            packs: vec![PackRecord {
+                name: name.clone(),
+                size: bytes.len() as u64,
+                contents: contents.clone(),
+            }],
+        };
+        let json = serde_json::to_vec(&file).expect("serializable");
+        let sealed = self
+            .key
+            .seal(&zstd::bulk::compress(&json, 3).expect("zstd compresses"));
+        self.backend
+            .put_new(ObjectKind::Index, &random_name(), &sealed)?;
+        self.index.add_pack(&name, bytes.len() as u64, &contents);
+        Ok((bytes.len() + sealed.len()) as u64)
+    }
+
+    /// A new pack builder with this repository's frame size and level.
+    pub fn pack_builder(&self) -> PackBuilder {
+        PackBuilder::new(self.config.frame_size, self.config.zstd_level)
+    }
+
+    /// Adds a blob to `builder`.
+    pub fn add_blob(
+        &self,
+        builder: &mut PackBuilder,
+        id: BlobId,
+        kind: BlobKind,
+        bytes: &[u8],
+        base: Option<BlobId>,
+        features: Vec<u64>,
+    ) {
+        let entry = BlobEntry {
+            id,
+            kind,
+            frame: 0,
+            offset: 0,
+            length: 0,
+            base,
+            features,
+        };
+        builder.add(&self.key, entry, bytes);
+    }
+
+    /// Saves a snapshot; returns its id.
+    pub fn save_snapshot(&self, snapshot: &Snapshot) -> Result<String> {
+        let id = random_name() + &random_name();
+        let sealed = self
+            .key
+            .seal(&serde_json::to_vec(snapshot).expect("serializable"));
+        self.backend.put_new(ObjectKind::Snapshot, &id, &sealed)?;
+        Ok(id)
+    }
+
+    /// Every snapshot, oldest first, with its id. A damaged one is an error naming it.
+    pub fn snapshots(&self) -> Result<Vec<(String, Snapshot)>> {
+        let mut out = Vec::new();
+        for (name, _) in self.backend.list(ObjectKind::Snapshot)? {
+            out.push((name.clone(), self.snapshot(&name)?));
+        }
+        out.sort_by(|a, b| a.1.time_ns.cmp(&b.1.time_ns).then(a.0.cmp(&b.0)));
+        Ok(out)
+    }
+
+    /// One snapshot by its full id.
+    pub fn snapshot(&self, id: &str) -> Result<Snapshot> {
+        let sealed = self.backend.get(ObjectKind::Snapshot, id)?;
+        let what = format!("snapshot {}", &id[..id.len().min(8)]);
+        let s: Snapshot = serde_json::from_slice(&self.key.open(&sealed, &what)?)
+            .map_err(|e| RepoError::Damaged(format!("{what}: {e}")))?;
+        if s.version != SNAPSHOT_VERSION {
+            return Err(RepoError::Damaged(format!(
+                "{what}: version {} (this dedupwire reads {SNAPSHOT_VERSION})",
+                s.version
+            )));
+        }
+        Ok(s)
+    }
+
+    /// The snapshot `spec` names: `latest`, a full id or a unique prefix of one.
+    pub fn find_snapshot(&self, spec: &str) -> Result<(String, Snapshot)> {
+        let all = self.backend.list(ObjectKind::Snapshot)?;
+        if spec == "latest" {
+            return self
+                .snapshots()?
+                .pop()
+                .ok_or_else(|| RepoError::Invalid("the repository has no snapshots".into()));
+        }
+        let matches: Vec<&String> = all
+            .iter()
+            .map(|(n, _)| n)
+            .filter(|n| n.starts_with(spec))
+            .collect();
+        match matches.as_slice() {
+            [one] => Ok(((*one).clone(), self.snapshot(one)?)),
+            [] => Err(RepoError::Invalid(format!("no snapshot {spec:?}"))),
+            _ => Err(RepoError::Invalid(format!(
+                "{spec:?} names {} snapshots: give more of the id",
+                matches.len()
+            ))),
+        }
+    }
+
+    /// A tree blob.
+    pub fn read_tree(&self, id: &BlobId) -> Result<crate::tree::Tree> {
+        let bytes = self.read_blob(id)?;
+        serde_json::from_slice(&bytes).map_err(|e| RepoError::Damaged(format!("tree {id}: {e}")))
+    }
+}
+
+/// Tag of a delta blob made with the engine's sampled codec.
+pub const DELTA_SAMPLED: u8 = 0;
+
+/// A delta blob's bytes: its codec tag, then the delta.
+pub fn encode_delta(base: &[u8], chunk: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    out.push(DELTA_SAMPLED);
+    Sampled::default().encode(base, chunk, out);
+}
+
+/// The chunk a delta blob rebuilds from its base.
+pub fn decode_delta(base: &[u8], delta: &[u8], limit: usize) -> Result<Vec<u8>, String> {
+    match delta.split_first() {
+        Some((&DELTA_SAMPLED, d)) => {
+            let mut out = Vec::new();
+            Sampled::default()
+                .decode(base, d, limit, &mut out)
+                .map_err(|e| e.to_string())?;
+            Ok(out)
+        }
+        Some((tag, _)) => Err(format!("unknown delta codec {tag}")),
+        None => Err("an empty delta".to_string()),
+    }
+}
