@@ -12,10 +12,21 @@ DATA=${DATA:-$here/target/bench-data}
 SHARED=${SHARED:-$here/../shared}
 VERSIONS=${DJANGO_VERSIONS:-"4.2.1 4.2.2 4.2.3 4.2.4 4.2.5 4.2.6"}
 mkdir -p "$DATA/pkgs" "$DATA/docs" "$DATA/sdists"
+# Progress goes to stderr (stdout's last line is DATA, for callers): each release is ~10 MB,
+# then pip spends ~30 s preparing the sdist's metadata (it installs setuptools to do so).
+total=$(wc -w <<<"$VERSIONS")
+n=0
 for v in $VERSIONS; do
+  n=$((n + 1))
   dest="$DATA/pkgs/django-$v"
-  [ -d "$dest" ] && continue
-  pip download --quiet --no-deps --no-binary :all: -d "$DATA/sdists" "django==$v" >/dev/null
+  if [ -d "$dest" ]; then
+    echo "fetch-data: django $v ($n/$total): already in $dest" >&2
+    continue
+  fi
+  echo "fetch-data: django $v ($n/$total): downloading its source release from PyPI (~10 MB, then ~30 s of pip preparing it)" >&2
+  started=$SECONDS
+  pip download --no-deps --no-binary :all: -d "$DATA/sdists" "django==$v" >&2
+  echo "fetch-data: django $v ($n/$total): fetched in $((SECONDS - started)) s" >&2
   tmp=$(mktemp -d "$DATA/pkgs/.tmp.XXXX")
   tar -xzf "$DATA/sdists/"[Dd]jango-"$v".tar.gz -C "$tmp"
   mv "$tmp"/*/ "$dest" && rmdir "$tmp"
