@@ -1,10 +1,12 @@
-//! `dedupwire repo init|snapshots|ls|check|stats`: making and inspecting a backup repository.
+//! `dedupwire repo init|snapshots|ls|check|stats|forget|prune`: making, inspecting and thinning
+//! a backup repository.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use dedupwire_analyze::report::human_bytes;
 use dedupwire_repo::check::check;
+use dedupwire_repo::prune::{self, KeepPolicy};
 use dedupwire_repo::time::rfc3339;
 use dedupwire_repo::tree::{bytes_of, NodeKind};
 use dedupwire_repo::{BlobKind, Config, LocalBackend, Repository};
@@ -65,6 +67,47 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Forget snapshots by a keep policy (per host and paths); their data goes at the next
+    /// prune (or with --prune).
+    Forget {
+        #[command(flatten)]
+        repo: RepoArgs,
+        /// Keep the newest N snapshots.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        keep_last: usize,
+        /// Keep the newest snapshot of each of the last N days that have one.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        keep_daily: usize,
+        /// Keep the newest snapshot of each of the last N weeks that have one.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        keep_weekly: usize,
+        /// Keep the newest snapshot of each of the last N months that have one.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        keep_monthly: usize,
+        /// Say what would be forgotten; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Prune afterwards.
+        #[arg(long)]
+        prune: bool,
+        /// The result as JSON: {keep: [ids], forget: [ids], prune: {...} or null}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete what no snapshot needs: unused packs, and packs mostly unused rewritten.
+    Prune {
+        #[command(flatten)]
+        repo: RepoArgs,
+        /// Say what would be deleted; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Rewrite packs whose live share is below this (0 never, 1 every partly used pack).
+        #[arg(long, value_name = "SHARE", default_value_t = 0.5)]
+        repack_below: f64,
+        /// The result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Sizes: what the snapshots hold against what the repository stores.
     Stats {
         #[command(flatten)]
@@ -110,7 +153,120 @@ pub fn run(args: Args) -> Result<()> {
             run_check(&repo.open()?, share, json)
         }
         Cmd::Stats { repo, json } => stats(&repo.open()?, json),
+        Cmd::Forget {
+            repo,
+            keep_last,
+            keep_daily,
+            keep_weekly,
+            keep_monthly,
+            dry_run,
+            prune,
+            json,
+        } => {
+            let policy = KeepPolicy {
+                last: keep_last,
+                daily: keep_daily,
+                weekly: keep_weekly,
+                monthly: keep_monthly,
+            };
+            forget(&mut repo.open()?, &policy, dry_run, prune, json)
+        }
+        Cmd::Prune {
+            repo,
+            dry_run,
+            repack_below,
+            json,
+        } => {
+            if !(0.0..=1.0).contains(&repack_below) {
+                bail!("--repack-below {repack_below}: a share between 0 and 1");
+            }
+            let r = prune::prune(&mut repo.open()?, repack_below, dry_run)?;
+            print_prune(&r, dry_run, json);
+            Ok(())
+        }
     }
+}
+
+fn prune_json(r: &prune::PruneReport) -> serde_json::Value {
+    json!({
+        "blobs_live": r.blobs_live,
+        "blobs_unused": r.blobs_unused,
+        "packs_deleted": r.packs_deleted,
+        "packs_repacked": r.packs_repacked,
+        "packs_unindexed": r.packs_unindexed,
+        "bytes_freed": r.bytes_freed,
+        "bytes_written": r.bytes_written,
+    })
+}
+
+fn print_prune(r: &prune::PruneReport, dry_run: bool, json: bool) {
+    if json {
+        println!("{}", prune_json(r));
+        return;
+    }
+    let would = if dry_run { "would free" } else { "freed" };
+    eprintln!(
+        "prune: {} blobs live, {} unused; {} packs deleted, {} repacked ({} written), {} \
+         left by interrupted runs; {would} {}",
+        r.blobs_live,
+        r.blobs_unused,
+        r.packs_deleted,
+        r.packs_repacked,
+        human_bytes(r.bytes_written),
+        r.packs_unindexed,
+        human_bytes(r.bytes_freed)
+    );
+}
+
+fn forget(
+    repo: &mut Repository,
+    policy: &KeepPolicy,
+    dry_run: bool,
+    then_prune: bool,
+    json: bool,
+) -> Result<()> {
+    if policy.is_empty() {
+        bail!(
+            "no keep policy: give --keep-last, --keep-daily, --keep-weekly or --keep-monthly \
+             (forgetting every snapshot is not something to do by omission)"
+        );
+    }
+    let all = repo.snapshots()?;
+    let (keep, gone) = prune::plan_forget(&all, policy);
+    if !dry_run {
+        prune::forget(repo, &gone)?;
+    }
+    let pruned = if then_prune && !dry_run {
+        Some(prune::prune(repo, 0.5, false)?)
+    } else {
+        None
+    };
+    if json {
+        println!(
+            "{}",
+            json!({"keep": keep, "forget": gone, "dry_run": dry_run,
+                   "prune": pruned.as_ref().map(prune_json)})
+        );
+        return Ok(());
+    }
+    let verb = if dry_run { "would forget" } else { "forgot" };
+    for id in &gone {
+        eprintln!("  {verb} {}", &id[..8]);
+    }
+    eprintln!(
+        "{verb} {} snapshots, kept {}{}",
+        gone.len(),
+        keep.len(),
+        if !then_prune && !dry_run && !gone.is_empty() {
+            "; their data goes at the next `dedupwire repo prune`"
+        } else {
+            ""
+        }
+    );
+    if let Some(r) = &pruned {
+        print_prune(r, false, false);
+    }
+    Ok(())
 }
 
 fn init(args: &RepoArgs, json: bool) -> Result<()> {

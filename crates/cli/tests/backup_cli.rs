@@ -243,6 +243,77 @@ fn a_killed_backup_leaves_a_valid_repository_and_the_next_reuses_its_packs() {
     let _ = fs::remove_dir_all(&dir);
 }
 
+/// forget, then prune killed at random moments: after every kill the repository checks clean
+/// and the kept snapshot restores exactly; a prune run to the end frees the forgotten data.
+#[test]
+fn a_killed_prune_loses_nothing_and_a_finished_one_frees_space() {
+    let dir = tempdir("prune-kill");
+    let (src, repo) = (dir.join("src"), dir.join("repo"));
+    fs::create_dir_all(&src).unwrap();
+    run(&repo, &["repo", "init"]);
+    for v in 0..3u64 {
+        fs::write(src.join("big"), noise(200 + v, 12 << 20)).unwrap();
+        fs::write(src.join("steady"), noise(7, 4 << 20)).unwrap();
+        run(&repo, &["backup", src.to_str().unwrap(), "--quiet"]);
+    }
+    let forgot = json(&run(
+        &repo,
+        &["repo", "forget", "--keep-last", "1", "--json"],
+    ));
+    assert_eq!(
+        forgot["forget"].as_array().map(Vec::len),
+        Some(2),
+        "{forgot}"
+    );
+    let size = |p: &Path| -> u64 {
+        let out = Command::new("du").args(["-sb"]).arg(p).output().unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let before = size(&repo);
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64;
+    eprintln!("seed {seed}");
+    for round in 0..4u64 {
+        let mut child = dedupwire(&repo)
+            .args(["repo", "prune", "--repack-below", "1"])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(
+            20 + seed.wrapping_mul(round + 3) % 700,
+        ));
+        let _ = child.kill();
+        child.wait().unwrap();
+        let check = json(&run(&repo, &["repo", "check", "--read-data", "--json"]));
+        assert_eq!(
+            check["errors"].as_array().map(Vec::len),
+            Some(0),
+            "round {round}: {check}"
+        );
+        let target = dir.join(format!("out-{round}"));
+        run(
+            &repo,
+            &["restore", "latest", "--target", target.to_str().unwrap()],
+        );
+        assert_eq!(tree(&restored(&target, &src)), tree(&src), "round {round}");
+        let _ = fs::remove_dir_all(&target);
+    }
+    run(&repo, &["repo", "prune"]);
+    let check = json(&run(&repo, &["repo", "check", "--read-data", "--json"]));
+    assert_eq!(check["errors"].as_array().map(Vec::len), Some(0), "{check}");
+    assert_eq!(check["unindexed_packs"], 0, "{check}");
+    let after = size(&repo);
+    assert!(after < before / 2, "prune left {after} of {before} bytes");
+    let _ = fs::remove_dir_all(&dir);
+}
+
 /// Two backups into one repository at the same moment both land and both restore.
 #[test]
 fn two_backups_at_once_both_land() {

@@ -80,6 +80,14 @@ struct Backup<'r, 'p> {
     delta: Vec<u8>,
     best: Vec<u8>,
     config: crate::repository::Config,
+    /// The lock object that keeps prune away, and when it was last refreshed.
+    lock: Option<(String, i64)>,
+}
+
+impl Drop for Backup<'_, '_> {
+    fn drop(&mut self) {
+        self.release_lock();
+    }
 }
 
 /// Backs up `opts.paths` into a new snapshot.
@@ -138,6 +146,7 @@ pub fn backup(
     let time_ns = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i64);
+    let lock = repo.lock(&host)?;
     let builder = repo.pack_builder();
     let repo_config = repo.config().clone();
     let mut b = Backup {
@@ -155,6 +164,7 @@ pub fn backup(
         delta: Vec::new(),
         best: Vec::new(),
         config: repo_config,
+        lock: Some(lock),
     };
     let mut root = Tree::default();
     for (path, text) in paths.iter().zip(&path_texts) {
@@ -171,6 +181,7 @@ pub fn backup(
     }
     let tree = b.store_tree(&root)?;
     b.flush()?;
+    b.release_lock();
     let snapshot = Snapshot {
         version: SNAPSHOT_VERSION,
         time_ns,
@@ -469,10 +480,28 @@ impl Backup<'_, '_> {
         Ok(id)
     }
 
-    /// Stores the pack being built (and its index file).
+    fn release_lock(&mut self) {
+        if let Some((name, _)) = self.lock.take() {
+            let _ = self.repo.unlock(&name);
+        }
+    }
+
+    /// Stores the pack being built (and its index file), refreshing the lock now and then.
     fn flush(&mut self) -> Result<()> {
+        if let Some((old, at)) = &self.lock {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as i64);
+            if now - at > crate::repository::LOCK_REFRESH_NS {
+                let old = old.clone();
+                self.lock = Some(self.repo.lock(&hostname())?);
+                let _ = self.repo.unlock(&old);
+            }
+        }
         let builder = std::mem::replace(&mut self.builder, self.repo.pack_builder());
-        self.summary.bytes_added += self.repo.store_pack(builder)?;
+        if let Some((_, added)) = self.repo.store_pack(builder)? {
+            self.summary.bytes_added += added;
+        }
         self.pending.clear();
         self.pending_ids.clear();
         Ok(())

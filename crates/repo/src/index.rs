@@ -58,6 +58,7 @@ const MAX_PER_FEATURE: usize = 8;
 /// Every blob of a repository and the super-features of its whole chunks.
 pub struct Index {
     packs: Vec<(String, u64)>,
+    pack_numbers: HashMap<String, u32>,
     blobs: HashMap<BlobId, Location>,
     features: CandidateIndex<BlobId>,
 }
@@ -66,6 +67,7 @@ impl Default for Index {
     fn default() -> Self {
         Index {
             packs: Vec::new(),
+            pack_numbers: HashMap::new(),
             blobs: HashMap::new(),
             features: CandidateIndex::new(MAX_PER_FEATURE),
         }
@@ -73,10 +75,15 @@ impl Default for Index {
 }
 
 impl Index {
-    /// Adds what a pack holds (a blob already indexed elsewhere keeps its first place).
+    /// Adds what a pack holds (a blob already indexed elsewhere keeps its first place; a
+    /// pack listed by two index files, as after an interrupted prune, is added once).
     pub fn add_pack(&mut self, name: &str, size: u64, contents: &PackTrailer) {
+        if self.pack_numbers.contains_key(name) {
+            return;
+        }
         let no = self.packs.len() as u32;
         self.packs.push((name.to_string(), size));
+        self.pack_numbers.insert(name.to_string(), no);
         for b in &contents.blobs {
             let Some(frame) = contents.frames.get(b.frame as usize) else {
                 continue;

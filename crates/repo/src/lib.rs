@@ -9,7 +9,7 @@
 //!   ids (BLAKE3), key files (argon2id);
 //! - [`blob`], [`pack`], [`index`], [`tree`], [`snapshot`]: what is stored;
 //! - [`repository`]: a repository opened with its password, reading and writing all that;
-//! - [`backup`], [`restore`], [`check`]: the operations.
+//! - [`backup`], [`restore`], [`check`], [`prune`]: the operations.
 #![deny(missing_docs)]
 
 pub mod backend;
@@ -19,6 +19,7 @@ pub mod check;
 pub mod crypto;
 pub mod index;
 pub mod pack;
+pub mod prune;
 pub mod repository;
 pub mod restore;
 pub mod snapshot;

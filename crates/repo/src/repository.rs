@@ -364,10 +364,10 @@ impl Repository {
     }
 
     /// Stores a pack, then an index file for it (so that a backup cut off later leaves the
-    /// pack findable); returns the bytes added.
-    pub fn store_pack(&mut self, builder: PackBuilder) -> Result<u64> {
+    /// pack findable); returns the pack's name and the bytes added (`None` for no blobs).
+    pub fn store_pack(&mut self, builder: PackBuilder) -> Result<Option<(String, u64)>> {
         if builder.is_empty() {
-            return Ok(0);
+            return Ok(None);
         }
         let (bytes, contents) = builder.finish(&self.key);
         let name = blake3::hash(&bytes).to_hex().to_string();
@@ -387,7 +387,7 @@ impl Repository {
         self.backend
             .put_new(ObjectKind::Index, &random_name(), &sealed)?;
         self.index.add_pack(&name, bytes.len() as u64, &contents);
-        Ok((bytes.len() + sealed.len()) as u64)
+        Ok(Some((name, (bytes.len() + sealed.len()) as u64)))
     }
 
     /// A new pack builder with this repository's frame size and level.
@@ -480,6 +480,81 @@ impl Repository {
     pub fn read_tree(&self, id: &BlobId) -> Result<crate::tree::Tree> {
         let bytes = self.read_blob(id)?;
         serde_json::from_slice(&bytes).map_err(|e| RepoError::Damaged(format!("tree {id}: {e}")))
+    }
+}
+
+/// Who holds a lock: a backup running on a host, as a sealed JSON lock object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockInfo {
+    /// The host.
+    pub host: String,
+    /// The process.
+    pub pid: u32,
+    /// When it was taken or last refreshed, ns since 1970.
+    pub time_ns: i64,
+}
+
+/// A backup refreshes its lock this often; a lock older than [`LOCK_STALE_NS`] is stale.
+pub const LOCK_REFRESH_NS: i64 = 5 * 60 * 1_000_000_000;
+/// A lock not refreshed for this long belongs to a backup that is gone.
+pub const LOCK_STALE_NS: i64 = 30 * 60 * 1_000_000_000;
+
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64)
+}
+
+impl LockInfo {
+    /// Whether the backup holding it may still be running: its process is alive (same
+    /// host), or it was refreshed recently (another host).
+    pub fn live(&self, this_host: &str) -> bool {
+        if self.host == this_host {
+            std::path::Path::new(&format!("/proc/{}", self.pid)).exists()
+        } else {
+            now_ns() - self.time_ns < LOCK_STALE_NS
+        }
+    }
+}
+
+impl Repository {
+    /// Takes a backup lock (a new lock object) and returns its name: prune waits for it.
+    pub fn lock(&self, host: &str) -> Result<(String, i64)> {
+        let info = LockInfo {
+            host: host.to_string(),
+            pid: std::process::id(),
+            time_ns: now_ns(),
+        };
+        let name = random_name();
+        let sealed = self
+            .key
+            .seal(&serde_json::to_vec(&info).expect("serializable"));
+        self.backend.put_new(ObjectKind::Lock, &name, &sealed)?;
+        Ok((name, info.time_ns))
+    }
+
+    /// Releases a lock.
+    pub fn unlock(&self, name: &str) -> Result<()> {
+        Ok(self.backend.delete(ObjectKind::Lock, name)?)
+    }
+
+    /// Every lock, with its holder (unreadable ones are left out).
+    pub fn locks(&self) -> Result<Vec<(String, LockInfo)>> {
+        let mut out = Vec::new();
+        for (name, _) in self.backend.list(ObjectKind::Lock)? {
+            let Ok(sealed) = self.backend.get(ObjectKind::Lock, &name) else {
+                continue;
+            };
+            if let Some(info) = self
+                .key
+                .open(&sealed, "lock")
+                .ok()
+                .and_then(|b| serde_json::from_slice::<LockInfo>(&b).ok())
+            {
+                out.push((name, info));
+            }
+        }
+        Ok(out)
     }
 }
 

@@ -4,7 +4,7 @@
 pub fn rfc3339(secs: i64) -> String {
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);
-    let (y, m, d) = civil_from_days(days);
+    let (y, m, d) = civil(days);
     format!(
         "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
         rem / 3600,
@@ -13,9 +13,9 @@ pub fn rfc3339(secs: i64) -> String {
     )
 }
 
-/// The proleptic Gregorian date of a day number (days since 1970-01-01), after Howard
-/// Hinnant's `civil_from_days`.
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
+/// The proleptic Gregorian date (year, month, day) of a day number (days since 1970-01-01),
+/// after Howard Hinnant's `civil_from_days`.
+pub fn civil(z: i64) -> (i64, u32, u32) {
     let z = z + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
