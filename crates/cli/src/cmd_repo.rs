@@ -1,5 +1,5 @@
-//! `dedupwire repo init|snapshots|ls|check|stats|forget|prune`: making, inspecting and thinning
-//! a backup repository.
+//! `dedupwire repo init|snapshots|ls|diff|check|stats|forget|prune|key`: making, inspecting and
+//! thinning a backup repository, and managing its passwords.
 
 use std::path::PathBuf;
 
@@ -108,6 +108,23 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// What changed between two snapshots: + added, - removed, M contents, U mode or mtime.
+    Diff {
+        #[command(flatten)]
+        repo: RepoArgs,
+        /// The older snapshot (id, prefix, or `latest`).
+        a: String,
+        /// The newer snapshot.
+        b: String,
+        /// One JSON object per line: {change, path}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The repository's keys: each wraps the master key with a password.
+    Key {
+        #[command(subcommand)]
+        cmd: KeyCmd,
+    },
     /// Sizes: what the snapshots hold against what the repository stores.
     Stats {
         #[command(flatten)]
@@ -116,6 +133,165 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(clap::Subcommand)]
+enum KeyCmd {
+    /// List the keys (the one this password opens is marked `*`).
+    List {
+        #[command(flatten)]
+        repo: RepoArgs,
+        /// As JSON: [{id, current, created, host, user}].
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add a key: a new password for the same repository.
+    Add {
+        #[command(flatten)]
+        repo: RepoArgs,
+        #[command(flatten)]
+        new: NewPassword,
+    },
+    /// Remove a key (another than the one this password opens).
+    Remove {
+        #[command(flatten)]
+        repo: RepoArgs,
+        /// The key's id (or a unique prefix).
+        id: String,
+    },
+    /// Change this password: add a key with the new one, then remove the current key.
+    Passwd {
+        #[command(flatten)]
+        repo: RepoArgs,
+        #[command(flatten)]
+        new: NewPassword,
+    },
+}
+
+/// Where a new password comes from.
+#[derive(clap::Args)]
+struct NewPassword {
+    /// Read the new password from the first line of FILE (else DEDUPWIRE_NEW_PASSWORD, else it
+    /// is asked twice on the terminal).
+    #[arg(long, value_name = "FILE")]
+    new_password_file: Option<PathBuf>,
+}
+
+impl NewPassword {
+    fn get(&self, repo: &RepoArgs) -> Result<Vec<u8>> {
+        let args = RepoArgs {
+            repo: repo.repo.clone(),
+            password_file: self.new_password_file.clone(),
+        };
+        match (
+            &self.new_password_file,
+            std::env::var_os("DEDUPWIRE_NEW_PASSWORD"),
+        ) {
+            (None, Some(p)) if !p.is_empty() => {
+                Ok(std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str()).to_vec())
+            }
+            (None, _) => args.ask_new(),
+            (Some(_), _) => args.password(false),
+        }
+    }
+}
+
+fn find_key(repo: &Repository, prefix: &str) -> Result<String> {
+    let keys = repo.keys()?;
+    let found: Vec<&String> = keys
+        .iter()
+        .map(|(n, _)| n)
+        .filter(|n| n.starts_with(prefix))
+        .collect();
+    match found.as_slice() {
+        [one] => Ok((*one).clone()),
+        [] => bail!("no key {prefix:?} (see `dedupwire repo key list`)"),
+        _ => bail!("{prefix:?} names {} keys: give more of the id", found.len()),
+    }
+}
+
+fn key(cmd: KeyCmd) -> Result<()> {
+    match cmd {
+        KeyCmd::List { repo, json } => {
+            let repo = repo.open()?;
+            let keys = repo.keys()?;
+            if json {
+                let list: Vec<_> = keys
+                    .iter()
+                    .map(|(id, k)| {
+                        json!({"id": id, "current": id == repo.key_name(), "created": k.created,
+                               "host": k.host, "user": k.user})
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                println!(" {:<32}  {:<20}  {:<12}  user", "id", "created", "host");
+                for (id, k) in &keys {
+                    let mark = if id == repo.key_name() { '*' } else { ' ' };
+                    println!(
+                        "{mark}{id:<32}  {:<20}  {:<12}  {}",
+                        k.created, k.host, k.user
+                    );
+                }
+            }
+        }
+        KeyCmd::Add { repo: args, new } => {
+            let repo = args.open()?;
+            let password = new.get(&args)?;
+            let id = repo.add_key(&password, RepoArgs::kdf())?;
+            eprintln!("added key {id}");
+        }
+        KeyCmd::Remove { repo, id } => {
+            let repo = repo.open()?;
+            let id = find_key(&repo, &id)?;
+            repo.remove_key(&id)?;
+            eprintln!("removed key {id}");
+        }
+        KeyCmd::Passwd { repo: args, new } => {
+            let repo = args.open()?;
+            let password = new.get(&args)?;
+            let id = repo.add_key(&password, RepoArgs::kdf())?;
+            repo.backend()
+                .delete(dedupwire_repo::ObjectKind::Key, repo.key_name())?;
+            eprintln!("password changed: key {id} replaces {}", repo.key_name());
+        }
+    }
+    Ok(())
+}
+
+fn diff(repo: &Repository, a: &str, b: &str, json: bool) -> Result<()> {
+    let (ida, sa) = repo.find_snapshot(a)?;
+    let (idb, sb) = repo.find_snapshot(b)?;
+    let changes = dedupwire_repo::diff::diff(repo, &sa.tree, &sb.tree)?;
+    let mut out = std::io::stdout().lock();
+    use std::io::Write;
+    for (change, path) in &changes {
+        if json {
+            let kind = match change {
+                dedupwire_repo::diff::Change::Added => "added",
+                dedupwire_repo::diff::Change::Removed => "removed",
+                dedupwire_repo::diff::Change::Modified => "modified",
+                dedupwire_repo::diff::Change::Metadata => "metadata",
+            };
+            writeln!(out, "{}", json!({"change": kind, "path": path}))?;
+        } else {
+            writeln!(out, "{} {}", change.symbol(), path.display())?;
+        }
+    }
+    if !json {
+        let count = |c| changes.iter().filter(|(x, _)| *x == c).count();
+        use dedupwire_repo::diff::Change;
+        eprintln!(
+            "{} -> {}: {} added, {} removed, {} modified, {} metadata only",
+            &ida[..8],
+            &idb[..8],
+            count(Change::Added),
+            count(Change::Removed),
+            count(Change::Modified),
+            count(Change::Metadata)
+        );
+    }
+    Ok(())
 }
 
 /// Runs the subcommand.
@@ -153,6 +329,8 @@ pub fn run(args: Args) -> Result<()> {
             run_check(&repo.open()?, share, json)
         }
         Cmd::Stats { repo, json } => stats(&repo.open()?, json),
+        Cmd::Diff { repo, a, b, json } => diff(&repo.open()?, &a, &b, json),
+        Cmd::Key { cmd } => key(cmd),
         Cmd::Forget {
             repo,
             keep_last,

@@ -57,6 +57,25 @@ impl RepoArgs {
         Ok(first.into_bytes())
     }
 
+    /// A new password, asked twice on the terminal.
+    pub fn ask_new(&self) -> Result<Vec<u8>> {
+        if !std::io::stdin().is_terminal() {
+            bail!(
+                "no new password: set DEDUPWIRE_NEW_PASSWORD or pass --new-password-file FILE \
+                 (no terminal to ask on)"
+            );
+        }
+        let first = rpassword::prompt_password("new password: ")?;
+        let again = rpassword::prompt_password("the new password again: ")?;
+        if first != again {
+            bail!("the two passwords differ");
+        }
+        if first.is_empty() {
+            bail!("an empty password");
+        }
+        Ok(first.into_bytes())
+    }
+
     /// Opens the repository.
     pub fn open(&self) -> Result<Repository> {
         let backend = LocalBackend::open(&self.repo)

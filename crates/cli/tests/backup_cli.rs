@@ -314,6 +314,102 @@ fn a_killed_prune_loses_nothing_and_a_finished_one_frees_space() {
     let _ = fs::remove_dir_all(&dir);
 }
 
+/// Passwords: a second key opens the repository; the key in use cannot be removed; passwd
+/// replaces the current one, after which the old password is refused.
+#[test]
+fn keys_are_added_listed_removed_and_changed() {
+    let dir = tempdir("keys");
+    let repo = dir.join("repo");
+    run(&repo, &["repo", "init"]);
+    let with = |pw: &str, args: &[&str]| {
+        dedupwire(&repo)
+            .env("DEDUPWIRE_PASSWORD", pw)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    ok(dedupwire(&repo)
+        .env("DEDUPWIRE_NEW_PASSWORD", "second password")
+        .args(["repo", "key", "add"])
+        .output()
+        .unwrap());
+    let keys = json(&ok(with(
+        "second password",
+        &["repo", "key", "list", "--json"],
+    )));
+    let keys = keys.as_array().unwrap();
+    assert_eq!(keys.len(), 2);
+    let current: Vec<&str> = keys
+        .iter()
+        .filter(|k| k["current"] == true)
+        .map(|k| k["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(current.len(), 1);
+    let refused = with("second password", &["repo", "key", "remove", current[0]]);
+    assert!(!refused.status.success());
+    let first = keys.iter().find(|k| k["current"] == false).unwrap()["id"]
+        .as_str()
+        .unwrap();
+    ok(with(
+        "second password",
+        &["repo", "key", "remove", &first[..8]],
+    ));
+    assert!(!with("a test password", &["repo", "snapshots"])
+        .status
+        .success());
+    ok(dedupwire(&repo)
+        .env("DEDUPWIRE_PASSWORD", "second password")
+        .env("DEDUPWIRE_NEW_PASSWORD", "third password")
+        .args(["repo", "key", "passwd"])
+        .output()
+        .unwrap());
+    assert!(!with("second password", &["repo", "snapshots"])
+        .status
+        .success());
+    ok(with("third password", &["repo", "snapshots"]));
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// diff names what was added, removed, modified and only touched between two snapshots.
+#[test]
+fn diff_names_each_change() {
+    let dir = tempdir("diff");
+    let (src, repo) = (dir.join("src"), dir.join("repo"));
+    fs::create_dir_all(src.join("sub")).unwrap();
+    fs::write(src.join("same"), b"same").unwrap();
+    fs::write(src.join("edited"), b"v1").unwrap();
+    fs::write(src.join("gone"), b"bye").unwrap();
+    fs::write(src.join("touched"), b"t").unwrap();
+    run(&repo, &["repo", "init"]);
+    let a = json(&run(&repo, &["backup", src.to_str().unwrap(), "--json"]));
+    fs::write(src.join("edited"), b"v2").unwrap();
+    fs::remove_file(src.join("gone")).unwrap();
+    fs::write(src.join("sub/new"), b"new").unwrap();
+    fs::set_permissions(src.join("touched"), fs::Permissions::from_mode(0o600)).unwrap();
+    let b = json(&run(&repo, &["backup", src.to_str().unwrap(), "--json"]));
+    let out = run(
+        &repo,
+        &[
+            "repo",
+            "diff",
+            a["snapshot_id"].as_str().unwrap(),
+            b["snapshot_id"].as_str().unwrap(),
+        ],
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let root = src.to_str().unwrap();
+    for line in [
+        format!("M {root}/edited"),
+        format!("- {root}/gone"),
+        format!("+ {root}/sub/new"),
+        format!("U {root}/touched"),
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} not in:\n{text}");
+    }
+    assert!(!text.contains("/same"), "{text}");
+    let _ = fs::remove_dir_all(&dir);
+}
+
 /// Two backups into one repository at the same moment both land and both restore.
 #[test]
 fn two_backups_at_once_both_land() {

@@ -9,7 +9,7 @@
 //!   ids (BLAKE3), key files (argon2id);
 //! - [`blob`], [`pack`], [`index`], [`tree`], [`snapshot`]: what is stored;
 //! - [`repository`]: a repository opened with its password, reading and writing all that;
-//! - [`backup`], [`restore`], [`check`], [`prune`]: the operations.
+//! - [`backup`], [`restore`], [`check`], [`prune`], [`diff`]: the operations.
 #![deny(missing_docs)]
 
 pub mod backend;
@@ -17,6 +17,7 @@ pub mod backup;
 pub mod blob;
 pub mod check;
 pub mod crypto;
+pub mod diff;
 pub mod index;
 pub mod pack;
 pub mod prune;

@@ -136,10 +136,17 @@ struct FrameCache {
 pub struct Repository {
     backend: Box<dyn Backend>,
     key: MasterKey,
+    /// The key file that opened it (or that `init` wrote).
+    key_name: String,
     config: Config,
     ids: Fingerprinter,
     index: Index,
     cache: Mutex<FrameCache>,
+}
+
+/// A key file's name: 32 hex digits of its BLAKE3.
+fn key_file_name(file: &[u8]) -> String {
+    hex::encode(&blake3::hash(file).as_bytes()[..16])
 }
 
 /// A random id of 32 hex digits.
@@ -162,7 +169,7 @@ impl Repository {
         config.validate()?;
         let key = MasterKey::generate();
         let key_file = key.wrap(password, kdf);
-        let name = hex::encode(&blake3::hash(&key_file).as_bytes()[..16]);
+        let name = key_file_name(&key_file);
         backend.put_new(ObjectKind::Key, &name, &key_file)?;
         let sealed = key.seal(&serde_json::to_vec(&config).expect("serializable"));
         if !backend.put_new(ObjectKind::Config, "config", &sealed)? {
@@ -170,7 +177,9 @@ impl Repository {
                 "a repository already exists there".to_string(),
             ));
         }
-        Ok(Repository::with(backend, key, config))
+        let mut repo = Repository::with(backend, key, config);
+        repo.key_name = name;
+        Ok(repo)
     }
 
     /// Opens a repository: finds a key that `password` opens, reads the config and the index.
@@ -187,19 +196,20 @@ impl Repository {
             let file = backend.get(ObjectKind::Key, name)?;
             match MasterKey::unwrap(&file, password) {
                 Ok(k) => {
-                    key = Some(k);
+                    key = Some((k, name.clone()));
                     break;
                 }
                 Err(CryptoError::WrongPassword) => {}
                 Err(e) => return Err(RepoError::Damaged(format!("key {name}: {e}"))),
             }
         }
-        let key = key.ok_or(CryptoError::WrongPassword)?;
+        let (key, key_name) = key.ok_or(CryptoError::WrongPassword)?;
         let sealed = backend.get(ObjectKind::Config, "config")?;
         let config: Config = serde_json::from_slice(&key.open(&sealed, "config")?)
             .map_err(|e| RepoError::Damaged(format!("config: {e}")))?;
         config.validate()?;
         let mut repo = Repository::with(backend, key, config);
+        repo.key_name = key_name;
         repo.load_index()?;
         Ok(repo)
     }
@@ -209,6 +219,7 @@ impl Repository {
         Repository {
             backend,
             key,
+            key_name: String::new(),
             config,
             ids,
             index: Index::default(),
@@ -254,6 +265,47 @@ impl Repository {
     /// The master key.
     pub fn key(&self) -> &MasterKey {
         &self.key
+    }
+
+    /// The name of the key file that opened this repository.
+    pub fn key_name(&self) -> &str {
+        &self.key_name
+    }
+
+    /// Every key file: name and description (a damaged one is an error naming it).
+    pub fn keys(&self) -> Result<Vec<(String, crate::crypto::KeyInfo)>> {
+        let mut out = Vec::new();
+        for (name, _) in self.backend.list(ObjectKind::Key)? {
+            let file = self.backend.get(ObjectKind::Key, &name)?;
+            let info = crate::crypto::KeyInfo::read(&file)
+                .map_err(|e| RepoError::Damaged(format!("key {name}: {e}")))?;
+            out.push((name, info));
+        }
+        out.sort_by(|a, b| a.1.created.cmp(&b.1.created).then(a.0.cmp(&b.0)));
+        Ok(out)
+    }
+
+    /// Adds a key file wrapping this repository's master key with `password`; returns its name.
+    pub fn add_key(&self, password: &[u8], kdf: KdfParams) -> Result<String> {
+        let file = self.key.wrap(password, kdf);
+        let name = key_file_name(&file);
+        self.backend.put_new(ObjectKind::Key, &name, &file)?;
+        Ok(name)
+    }
+
+    /// Removes a key file (not the one in use: the repository could become unopenable).
+    pub fn remove_key(&self, name: &str) -> Result<()> {
+        if name == self.key_name {
+            return Err(RepoError::Invalid(
+                "that is the key this command opened the repository with; remove it with \
+                 another password (or use `repo key passwd` to replace it)"
+                    .to_string(),
+            ));
+        }
+        if !self.keys()?.iter().any(|(n, _)| n == name) {
+            return Err(RepoError::Invalid(format!("no key {name}")));
+        }
+        Ok(self.backend.delete(ObjectKind::Key, name)?)
     }
 
     /// The parameters.
