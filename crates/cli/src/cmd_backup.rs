@@ -41,6 +41,25 @@ pub struct Args {
     quiet: bool,
 }
 
+/// Bytes of the regular files under `paths` (symlinks not followed; unreadable parts skipped).
+fn total_bytes(paths: &[PathBuf]) -> u64 {
+    let mut total = 0;
+    let mut stack: Vec<PathBuf> = paths.to_vec();
+    while let Some(p) = stack.pop() {
+        let Ok(md) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if md.is_file() {
+            total += md.len();
+        } else if md.is_dir() {
+            if let Ok(entries) = std::fs::read_dir(&p) {
+                stack.extend(entries.flatten().map(|e| e.path()));
+            }
+        }
+    }
+    total
+}
+
 /// Runs the subcommand.
 pub fn run(args: Args) -> Result<()> {
     let started = Instant::now();
@@ -48,9 +67,17 @@ pub fn run(args: Args) -> Result<()> {
     let bar = if args.quiet || args.json || !std::io::stderr().is_terminal() {
         ProgressBar::hidden()
     } else {
-        ProgressBar::new_spinner().with_style(
-            ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("valid template"),
-        )
+        let bar = ProgressBar::new(0).with_style(
+            ProgressStyle::with_template(
+                "{spinner} {msg} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {wide_bar}",
+            )
+            .expect("valid template"),
+        );
+        // The total comes from a walk beside the backup (metadata only); until it ends the
+        // bar has no end and no ETA.
+        let (paths, totals) = (args.paths.clone(), bar.clone());
+        std::thread::spawn(move || totals.set_length(total_bytes(&paths)));
+        bar
     };
     let opts = BackupOptions {
         paths: args.paths.clone(),
@@ -60,16 +87,9 @@ pub fn run(args: Args) -> Result<()> {
         parent: args.parent.clone(),
         host: None,
     };
-    let t0 = Instant::now();
     let result = backup(&mut repo, &opts, &mut |p| {
-        let secs = t0.elapsed().as_secs_f64().max(1e-3);
-        bar.set_message(format!(
-            "{} files, {} ({}/s)",
-            p.files,
-            human_bytes(p.bytes),
-            human_bytes((p.bytes as f64 / secs) as u64)
-        ));
-        bar.tick();
+        bar.set_message(format!("{} files", p.files));
+        bar.set_position(p.bytes);
     })
     .context("backup failed; what it stored is kept and the next backup reuses it")?;
     bar.finish_and_clear();
