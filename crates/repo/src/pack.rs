@@ -58,10 +58,14 @@ pub struct PackTrailer {
 /// The pack format's version.
 pub const PACK_VERSION: u32 = 1;
 
-/// Builds one pack in memory: blobs are added to the open frame, which is sealed when it
-/// reaches the frame size.
+/// Builds one pack in memory: blobs are added to the open frame, which is handed to a worker
+/// thread to compress and seal when it reaches the frame size, while blobs go on arriving;
+/// [`finish`](PackBuilder::finish) waits for the frames and lays them out in order.
 pub struct PackBuilder {
-    bytes: Vec<u8>,
+    /// Frames being compressed and sealed, in order, with their plaintext lengths.
+    sealing: Vec<(std::sync::mpsc::Receiver<Vec<u8>>, u32)>,
+    /// Plaintext bytes of the frames handed off.
+    handed: usize,
     frame: Vec<u8>,
     trailer: PackTrailer,
     frame_size: usize,
@@ -72,7 +76,8 @@ impl PackBuilder {
     /// An empty pack whose frames hold about `frame_size` bytes of blobs each.
     pub fn new(frame_size: usize, zstd_level: i32) -> PackBuilder {
         PackBuilder {
-            bytes: Vec::new(),
+            sealing: Vec::new(),
+            handed: 0,
             frame: Vec::new(),
             trailer: PackTrailer {
                 version: PACK_VERSION,
@@ -85,7 +90,7 @@ impl PackBuilder {
 
     /// Adds a blob (`entry`'s frame, offset and length are set here).
     pub fn add(&mut self, key: &MasterKey, mut entry: BlobEntry, bytes: &[u8]) {
-        entry.frame = self.trailer.frames.len() as u32;
+        entry.frame = self.sealing.len() as u32;
         entry.offset = self.frame.len() as u32;
         entry.length = bytes.len() as u32;
         self.frame.extend_from_slice(bytes);
@@ -95,9 +100,9 @@ impl PackBuilder {
         }
     }
 
-    /// Bytes so far (sealed frames and the open one, uncompressed).
+    /// Blob bytes so far (before compression).
     pub fn size(&self) -> usize {
-        self.bytes.len() + self.frame.len()
+        self.handed + self.frame.len()
     }
 
     /// Whether no blob was added.
@@ -109,26 +114,36 @@ impl PackBuilder {
         if self.frame.is_empty() {
             return;
         }
-        let packed = zstd::bulk::compress(&self.frame, self.zstd_level).expect("zstd compresses");
-        let sealed = key.seal(&packed);
-        self.trailer.frames.push(FrameEntry {
-            offset: self.bytes.len() as u64,
-            length: sealed.len() as u32,
-            raw_length: self.frame.len() as u32,
+        let frame = std::mem::take(&mut self.frame);
+        let raw = frame.len() as u32;
+        self.handed += frame.len();
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let (key, level) = (key.clone(), self.zstd_level);
+        rayon::spawn(move || {
+            let packed = zstd::bulk::compress(&frame, level).expect("zstd compresses");
+            let _ = tx.send(key.seal(&packed));
         });
-        self.bytes.extend_from_slice(&sealed);
-        self.frame.clear();
+        self.sealing.push((rx, raw));
     }
 
     /// The pack's bytes and what it holds.
     pub fn finish(mut self, key: &MasterKey) -> (Vec<u8>, PackTrailer) {
         self.seal_frame(key);
+        let mut bytes = Vec::new();
+        for (rx, raw_length) in std::mem::take(&mut self.sealing) {
+            let sealed = rx.recv().expect("a frame's worker sends it");
+            self.trailer.frames.push(FrameEntry {
+                offset: bytes.len() as u64,
+                length: sealed.len() as u32,
+                raw_length,
+            });
+            bytes.extend_from_slice(&sealed);
+        }
         let json = serde_json::to_vec(&self.trailer).expect("serializable");
         let sealed = key.seal(&zstd::bulk::compress(&json, 3).expect("zstd compresses"));
-        self.bytes.extend_from_slice(&sealed);
-        self.bytes
-            .extend_from_slice(&(sealed.len() as u32).to_le_bytes());
-        (self.bytes, self.trailer)
+        bytes.extend_from_slice(&sealed);
+        bytes.extend_from_slice(&(sealed.len() as u32).to_le_bytes());
+        (bytes, self.trailer)
     }
 }
 
