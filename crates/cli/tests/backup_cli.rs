@@ -201,21 +201,27 @@ fn a_killed_backup_leaves_a_valid_repository_and_the_next_reuses_its_packs() {
         fs::write(src.join(format!("{i}.bin")), noise(100 + i, 6 << 20)).unwrap();
     }
     let total = 12 * (6u64 << 20);
+    // How long a whole backup takes here, so that the kills land inside one.
+    let scratch = dir.join("scratch");
+    run(&scratch, &["repo", "init"]);
+    let started = std::time::Instant::now();
+    run(&scratch, &["backup", src.to_str().unwrap(), "--quiet"]);
+    let whole = started.elapsed();
     run(&repo, &["repo", "init"]);
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .subsec_nanos() as u64;
-    eprintln!("seed {seed}");
+    eprintln!("seed {seed}, a whole backup takes {whole:?}");
     let mut stored_packs = 0;
-    for round in 0..3u64 {
+    for round in 0..4u64 {
         let mut child = dedupwire(&repo)
-            .args(["backup", src.to_str().unwrap(), "--quiet"])
+            .args(["backup", src.to_str().unwrap(), "--quiet", "--force-read"])
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let wait = 300 + (seed.wrapping_mul(round + 7) % 1500);
-        std::thread::sleep(Duration::from_millis(wait));
+        let share = 0.05 + (seed.wrapping_mul(round * 2 + 7) % 850) as f64 / 1000.0;
+        std::thread::sleep(whole.mul_f64(share));
         let _ = child.kill();
         child.wait().unwrap();
         let check = json(&run(&repo, &["repo", "check", "--read-data", "--json"]));
@@ -226,7 +232,10 @@ fn a_killed_backup_leaves_a_valid_repository_and_the_next_reuses_its_packs() {
         );
         stored_packs = check["packs"].as_u64().unwrap();
     }
-    let last = json(&run(&repo, &["backup", src.to_str().unwrap(), "--json"]));
+    let last = json(&run(
+        &repo,
+        &["backup", src.to_str().unwrap(), "--json", "--force-read"],
+    ));
     if stored_packs > 0 {
         assert!(
             last["bytes_added"].as_u64().unwrap() < total,
