@@ -19,8 +19,10 @@ use serde_json::json;
 use crate::cmd_serve::PEER_TIMEOUT;
 use crate::transport::{self, KeyArgs};
 
-/// Chunk bytes the sender keeps as delta bases.
-const SENDER_STORE_BYTES: usize = 256 << 20;
+/// Chunk bytes the sender keeps as delta bases (and indexes, about 0.35 bytes per byte): at
+/// 256 MiB the two made half of a 1.4 GB peak; at 64 MiB the six Django 4.2.x releases as
+/// one tree cost 19.0 MB on the wire instead of 16.5.
+const SENDER_STORE_BYTES: usize = 64 << 20;
 /// The channel's chunking levels for trees (CDC averages, coarsest first): a third, 2 KiB
 /// level finds what a changed file kept of its old version, which the receiver holds.
 const SEND_LEVELS: [usize; 3] = [256 << 10, 16 << 10, 2 << 10];

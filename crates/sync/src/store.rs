@@ -46,6 +46,10 @@ impl ChunkStore for BoundedStore {
         Ok(self.lock().chunks.get(id).cloned())
     }
 
+    fn capacity(&self) -> Option<u64> {
+        Some(self.max_bytes as u64)
+    }
+
     fn put(&self, id: &ChunkId, data: &[u8]) -> Result<(), StoreError> {
         let mut s = self.lock();
         if s.chunks.contains_key(id) {

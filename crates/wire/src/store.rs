@@ -99,6 +99,13 @@ pub trait ChunkStore: Send + Sync {
     fn sync(&self) -> Result<(), StoreError> {
         Ok(())
     }
+    /// The most chunk bytes the store keeps, when it is small enough that a sender should
+    /// index no more than that many bytes of chunks as delta bases (it could not read older
+    /// ones back; an index of everything sent grew by 230 MB per GiB). `None` (this default):
+    /// index everything.
+    fn capacity(&self) -> Option<u64> {
+        None
+    }
     /// Keeps what a sender learnt about chunks it holds, for later streams: hints, which a
     /// store may drop (this default keeps none) or lose to damage without harm. A sketch with
     /// more than [`MAX_SKETCH_FEATURES`] features is refused.

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use dedupwire_engine::compress::{Compression, Compressor};
 use dedupwire_engine::delta::{DeltaCodec, Sampled, ZstdRef};
-use dedupwire_engine::similarity::{select_source, CandidateIndex, SuperFeatureConfig};
+use dedupwire_engine::similarity::{select_source, Candidate, CandidateIndex, SuperFeatureConfig};
 
 use super::adaptive::{Adaptive, Cost, Prior, Way};
 use super::config::{ChannelConfig, Mode};
@@ -186,6 +186,12 @@ pub(crate) struct Sender {
     /// The DATA frame being gathered, kept between segments (a fresh one faulted its pages
     /// in again).
     body: Vec<u8>,
+    /// Message bytes whose chunks `index` and `successor` learnt since they last started
+    /// over: past half the store's [`capacity`](ChunkStore::capacity) they become `older`
+    /// and start over, so that what is indexed stays about what the store can give back.
+    indexed: u64,
+    /// The generation of `index` and `successor` before, still looked up.
+    older: Option<Box<(CandidateIndex<ChunkId>, IdMap<ChunkId>)>>,
 }
 
 /// How one segment travels.
@@ -229,6 +235,8 @@ impl Sender {
             needs: 0,
             primed: false,
             body: Vec::new(),
+            indexed: 0,
+            older: None,
         }
     }
 
@@ -296,6 +304,14 @@ impl Sender {
                 features: features.to_vec(),
             });
         }
+    }
+
+    /// The chunk that followed `id` last time, in either generation.
+    fn successor_of(&self, id: &ChunkId) -> Option<ChunkId> {
+        self.successor.get(id).copied().or_else(|| {
+            let (_, older) = self.older.as_deref()?;
+            older.get(id).copied()
+        })
     }
 
     /// Hands what was learnt to the store.
@@ -640,6 +656,13 @@ impl Sender {
             s.asked = Instant::now();
         } else {
             self.send_data(link, stats, seg, &s.data, &s.levels[l], &missing)?;
+            self.indexed += s.data.len() as u64;
+            if self.store.capacity().is_some_and(|c| self.indexed > c / 2) {
+                let index = std::mem::replace(&mut self.index, CandidateIndex::new(PER_FEATURE));
+                let successor = std::mem::take(&mut self.successor);
+                self.older = Some(Box::new((index, successor)));
+                self.indexed = 0;
+            }
             if self.successor.len() > MAX_SUCCESSORS {
                 self.successor.clear();
             }
@@ -698,10 +721,19 @@ impl Sender {
             let sfs = features.next().map_or(&[][..], Vec::as_slice);
             if !sfs.is_empty() {
                 let mut found = self.index.lookup(sfs);
+                if let Some((older, _)) = self.older.as_deref() {
+                    // Ranked below the newer generation's on a tie.
+                    found.extend(
+                        older
+                            .lookup(sfs)
+                            .into_iter()
+                            .map(|c| Candidate { seq: 0, ..c }),
+                    );
+                }
                 found.retain(|c| c.id != p.id);
                 let similar = select_source(&found, |_| false);
                 let next_to_anchor = anchor
-                    .and_then(|a| self.successor.get(&a).copied())
+                    .and_then(|a| self.successor_of(&a))
                     .filter(|n| *n != p.id);
                 let keep = self.ratio.clamp(0.5, 1.0 - DELTA_MIN_SAVING);
                 let limit = ((p.len as f64 * keep) as usize).saturating_sub(id_len);
@@ -809,7 +841,7 @@ impl Sender {
     ) -> Result<()> {
         bases.clear();
         bases.push(base);
-        if let Some(next) = self.successor.get(&base).copied() {
+        if let Some(next) = self.successor_of(&base) {
             if next != id && next != base {
                 if let Some(more) = get_intact(&*self.store, &next)? {
                     src.extend_from_slice(&more);
@@ -860,6 +892,7 @@ impl Sender {
         if before < STRANGER_NEEDS && self.needs >= STRANGER_NEEDS {
             self.index = CandidateIndex::new(PER_FEATURE);
             self.successor.clear();
+            self.older = None;
         }
         for &(level, index) in wants {
             let p = s
