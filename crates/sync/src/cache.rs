@@ -30,7 +30,7 @@ use dedupwire_engine::compress::Compression;
 use rustix::fs::{flock, FlockOperation};
 
 use crate::error::{io_at, Error, Result};
-use crate::manifest::{Kind, Manifest};
+use crate::manifest::{Kind, Manifest, SparseReader};
 
 /// Files larger than this are neither cached nor delta-encoded (both ends hold a file of up
 /// to this size, its base and the delta in memory).
@@ -116,6 +116,37 @@ impl SendCache {
     /// The contents of the cached file whose hash starts with `prefix`, checked against the
     /// full hash; `None` when there is none (a damaged one is removed).
     pub fn base(&self, prefix: &[u8]) -> Option<Vec<u8>> {
+        self.base_within(prefix, DELTA_MAX)
+    }
+
+    /// [`SendCache::base`] for a base of at most `limit` bytes (as its frame says): a bigger
+    /// one is `None`, and stays.
+    pub(crate) fn base_within(&self, prefix: &[u8], limit: u64) -> Option<Vec<u8>> {
+        let (path, name, len) = self.find(prefix)?;
+        if len > limit {
+            return None;
+        }
+        match read_object(&path, &name) {
+            Some(bytes) => {
+                touch(&path);
+                Some(bytes)
+            }
+            None => {
+                let _ = fs::remove_file(&path);
+                None
+            }
+        }
+    }
+
+    /// The length of the cached file whose hash starts with `prefix`, as its object's frame
+    /// says (not yet checked against its name).
+    pub(crate) fn base_len(&self, prefix: &[u8]) -> Option<u64> {
+        self.find(prefix).map(|(_, _, len)| len)
+    }
+
+    /// The object whose name starts with the hex of `prefix`: its path, name and the length of
+    /// its contents as its frame header says (an object whose header says none is removed).
+    fn find(&self, prefix: &[u8]) -> Option<(PathBuf, String, u64)> {
         let sub = self.dir.join("objects").join(hex(&prefix[..1]));
         let want = hex(prefix);
         for entry in fs::read_dir(&sub).ok()?.flatten() {
@@ -125,21 +156,73 @@ impl SendCache {
                 continue;
             }
             let path = entry.path();
-            match read_object(&path, name) {
-                Some(bytes) => {
-                    // Recently used: the last to be evicted.
-                    let _ = File::options()
-                        .write(true)
-                        .open(&path)
-                        .and_then(|f| f.set_modified(std::time::SystemTime::now()));
-                    return Some(bytes);
-                }
-                None => {
+            let mut head = [0u8; 18];
+            let n = File::open(&path)
+                .and_then(|mut f| f.read(&mut head))
+                .unwrap_or(0);
+            match zstd::zstd_safe::get_frame_content_size(&head[..n]) {
+                Ok(Some(len)) if len <= DELTA_MAX => return Some((path, name.to_string(), len)),
+                _ => {
                     let _ = fs::remove_file(&path);
                 }
             }
         }
         None
+    }
+
+    /// The cached file whose hash starts with `prefix`, to be read in order without holding
+    /// it whole; whether it was intact is known at its end ([`BaseStream::intact`]).
+    pub(crate) fn base_stream(&self, prefix: &[u8]) -> Option<BaseStream> {
+        let (path, name, len) = self.find(prefix)?;
+        let dec = File::open(&path)
+            .and_then(zstd::stream::read::Decoder::new)
+            .ok()?;
+        touch(&path);
+        Some(BaseStream {
+            dec,
+            hasher: blake3::Hasher::new(),
+            len,
+            got: 0,
+            path,
+            name,
+        })
+    }
+
+    /// A writer keeping a file of `size` bytes whose BLAKE3 is `hash` as it is read, so that
+    /// a big file is kept without being held whole; `None` when the cache has it already, does
+    /// not keep files that big, or this send has spent its bound.
+    pub(crate) fn writer(&self, hash: &[u8; 32], size: u64) -> Result<Option<ObjectWriter<'_>>> {
+        let path = self.object_path(hash);
+        if size == 0
+            || size > DELTA_MAX
+            || path.exists()
+            || self.budget.load(Ordering::Relaxed) < size / 2
+        {
+            return Ok(None);
+        }
+        let dir = path.parent().expect("objects/ab/name");
+        fs::create_dir_all(dir).map_err(io_at(dir))?;
+        let tmp = temp_name(dir);
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(io_at(&tmp))?;
+        let mut w = ObjectWriter {
+            cache: self,
+            enc: None,
+            tmp,
+            path,
+            size,
+            written: 0,
+        };
+        let mut enc = zstd::stream::write::Encoder::new(file, LEVEL).map_err(io_at(&w.tmp))?;
+        enc.set_pledged_src_size(Some(size))
+            .and_then(|()| enc.include_contentsize(true))
+            .map_err(io_at(&w.tmp))?;
+        w.enc = Some(enc);
+        Ok(Some(w))
     }
 
     /// Keeps `bytes` (whose BLAKE3 is `hash`) unless the cache has them already.
@@ -167,11 +250,13 @@ impl SendCache {
 
     /// Keeps the files of `manifest` (read from `src`) that the cache lacks, so that the
     /// next send finds a base for any of them: after a send whose unchanged files were never
-    /// sent through this cache (it was cleared, or another machine sent the tree). A file
-    /// that no longer matches its hash is skipped, and it stops once this send has nearly
-    /// spent the cache's bound. Returns how many files it added.
+    /// sent through this cache (it was cleared, or another machine sent the tree). Files are
+    /// streamed into their objects, never held whole. A file that no longer matches its hash
+    /// is skipped, and it stops once this send has nearly spent the cache's bound. Returns
+    /// how many files it added.
     pub fn fill(&self, src: &Path, manifest: &Manifest) -> Result<u64> {
         let mut added = 0;
+        let mut buf = vec![0; 1 << 20];
         for e in &manifest.entries {
             let Kind::File { size, hash } = e.kind else {
                 continue;
@@ -183,17 +268,32 @@ impl SendCache {
                 break;
             }
             let path = src.join(e.rel_path());
-            let mut bytes = Vec::with_capacity(size as usize);
-            let read = OpenOptions::new()
+            let Ok(f) = OpenOptions::new()
                 .read(true)
                 .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
                 .open(&path)
-                .and_then(|f| f.take(size + 1).read_to_end(&mut bytes));
-            if read.is_err() || *blake3::hash(&bytes).as_bytes() != hash {
+            else {
                 continue;
+            };
+            let Some(mut w) = self.writer(&hash, size)? else {
+                continue;
+            };
+            let mut r = SparseReader::new(f);
+            let mut h = blake3::Hasher::new();
+            let mut n = 0u64;
+            while let Ok((k, _)) = r.read(&mut buf) {
+                if k == 0 || n + k as u64 > size {
+                    n += k as u64;
+                    break;
+                }
+                h.update(&buf[..k]);
+                w.write(&buf[..k])?;
+                n += k as u64;
             }
-            self.put(&hash, &bytes)?;
-            added += 1;
+            if n == size && *h.finalize().as_bytes() == hash {
+                w.finish()?;
+                added += 1;
+            }
         }
         Ok(added)
     }
@@ -296,13 +396,119 @@ fn parse_dest(rec: &[u8]) -> Option<Vec<[u8; 32]>> {
     )
 }
 
-/// Writes `bytes` to a temporary file in `dir`, then renames it to `path`.
-fn write_new(dir: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = dir.join(format!(
+/// A new temporary name in `dir`.
+fn temp_name(dir: &Path) -> PathBuf {
+    dir.join(format!(
         ".tmp-{}-{}",
         std::process::id(),
         SEQ.fetch_add(1, Ordering::Relaxed)
-    ));
+    ))
+}
+
+/// Marks an object recently used: the last to be evicted.
+fn touch(path: &Path) {
+    let _ = File::options()
+        .write(true)
+        .open(path)
+        .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+}
+
+/// A file being kept as it is read ([`SendCache::writer`]): compressed into a temporary
+/// file, renamed into place by [`ObjectWriter::finish`], removed if dropped before.
+pub(crate) struct ObjectWriter<'a> {
+    cache: &'a SendCache,
+    enc: Option<zstd::stream::write::Encoder<'static, File>>,
+    tmp: PathBuf,
+    path: PathBuf,
+    size: u64,
+    written: u64,
+}
+
+impl ObjectWriter<'_> {
+    /// The file's next bytes.
+    pub(crate) fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        let enc = self.enc.as_mut().expect("open until finished");
+        self.written += bytes.len() as u64;
+        enc.write_all(bytes).map_err(io_at(&self.tmp))
+    }
+
+    /// Puts the object in place once all its bytes were written (and checked against its
+    /// hash by the caller), if it fits what this send may still write.
+    pub(crate) fn finish(mut self) -> Result<()> {
+        let enc = self.enc.take().expect("open until finished");
+        if self.written != self.size {
+            return Ok(());
+        }
+        let file = enc.finish().map_err(io_at(&self.tmp))?;
+        let n = file.metadata().map_err(io_at(&self.tmp))?.len();
+        let fits = self
+            .cache
+            .budget
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(n))
+            .is_ok();
+        if fits {
+            fs::rename(&self.tmp, &self.path).map_err(io_at(&self.path))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ObjectWriter<'_> {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.tmp);
+    }
+}
+
+/// A cached file read in order ([`SendCache::base_stream`]).
+pub(crate) struct BaseStream {
+    dec: zstd::stream::read::Decoder<'static, std::io::BufReader<File>>,
+    hasher: blake3::Hasher,
+    len: u64,
+    got: u64,
+    path: PathBuf,
+    name: String,
+}
+
+impl BaseStream {
+    /// Appends the next `n` bytes of the contents to `buf` (fewer at their end); false if
+    /// the object could not be read that far (it is damaged).
+    pub(crate) fn read_into(&mut self, buf: &mut Vec<u8>, n: usize) -> bool {
+        let n = n.min((self.len - self.got) as usize);
+        let start = buf.len();
+        buf.resize(start + n, 0);
+        if self.dec.read_exact(&mut buf[start..]).is_err() {
+            buf.truncate(start);
+            return false;
+        }
+        self.hasher.update(&buf[start..]);
+        self.got += n as u64;
+        true
+    }
+
+    /// Reads the rest and tells whether the contents were exactly those the object is named
+    /// by; a damaged object is removed.
+    pub(crate) fn intact(mut self) -> bool {
+        let mut buf = Vec::new();
+        while self.got < self.len {
+            buf.clear();
+            if !self.read_into(&mut buf, 1 << 20) {
+                break;
+            }
+        }
+        let mut extra = [0u8; 1];
+        let ok = self.got == self.len
+            && matches!(self.dec.read(&mut extra), Ok(0))
+            && hex(self.hasher.finalize().as_bytes()) == self.name;
+        if !ok {
+            let _ = fs::remove_file(&self.path);
+        }
+        ok
+    }
+}
+
+/// Writes `bytes` to a temporary file in `dir`, then renames it to `path`.
+fn write_new(dir: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = temp_name(dir);
     let written = OpenOptions::new()
         .write(true)
         .create_new(true)

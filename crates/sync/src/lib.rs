@@ -31,6 +31,7 @@ mod parallel;
 pub mod plan;
 pub mod session;
 mod store;
+mod window;
 
 pub use apply::{Peer, TreeRoot};
 pub use cache::SendCache;

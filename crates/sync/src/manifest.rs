@@ -16,7 +16,6 @@ use std::cmp::Ordering;
 use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
-use std::io::Read;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -390,14 +389,18 @@ pub fn mtime_ns(md: &fs::Metadata) -> i64 {
 }
 
 /// BLAKE3 of a file's contents and its length, read without following a symlink; `on_read`
-/// sees every block's length.
+/// sees the length of every block read from the disk (a hole is hashed as zeros unread).
 pub fn hash_file(path: &Path, on_read: &mut dyn FnMut(u64)) -> Result<([u8; 32], u64)> {
-    let mut f = OpenOptions::new()
+    let f = OpenOptions::new()
         .read(true)
         .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
         .open(path)
         .map_err(io_at(path))?;
-    hash_reader(&mut f, path, on_read)
+    let mut r = SparseReader::new(f);
+    READ_BUF.with(|b| match b.try_borrow_mut() {
+        Ok(mut buf) => hash_into(&mut r, path, on_read, &mut buf),
+        Err(_) => hash_into(&mut r, path, on_read, &mut vec![0; 1 << 20]),
+    })
 }
 
 thread_local! {
@@ -406,15 +409,8 @@ thread_local! {
     static READ_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; 1 << 20]);
 }
 
-fn hash_reader(f: &mut File, path: &Path, on_read: &mut dyn FnMut(u64)) -> Result<([u8; 32], u64)> {
-    READ_BUF.with(|b| match b.try_borrow_mut() {
-        Ok(mut buf) => hash_into(f, path, on_read, &mut buf),
-        Err(_) => hash_into(f, path, on_read, &mut vec![0; 1 << 20]),
-    })
-}
-
 fn hash_into(
-    f: &mut File,
+    r: &mut SparseReader,
     path: &Path,
     on_read: &mut dyn FnMut(u64),
     buf: &mut [u8],
@@ -422,17 +418,116 @@ fn hash_into(
     let mut h = blake3::Hasher::new();
     let mut n = 0u64;
     loop {
-        let k = match f.read(buf) {
-            Ok(0) => break,
-            Ok(k) => k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(io_at(path)(e)),
-        };
+        let (k, from_disk) = r.read(buf).map_err(io_at(path))?;
+        if k == 0 {
+            break;
+        }
         h.update(&buf[..k]);
         n += k as u64;
-        on_read(k as u64);
+        if from_disk {
+            on_read(k as u64);
+        }
     }
     Ok((*h.finalize().as_bytes(), n))
+}
+
+/// A regular file read from start to end, whose holes (as `SEEK_DATA` / `SEEK_HOLE` find
+/// them) come out as zeros without being read: a sparse file of many gigabytes with little
+/// data in it costs its data's reads, not its size's.
+pub(crate) struct SparseReader {
+    f: File,
+    pos: u64,
+    /// Where the region `pos` is in ends (`u64::MAX`: read until the end of the file).
+    end: u64,
+    hole: bool,
+    /// Whether the file system answers `SEEK_DATA` (else the file is read whole).
+    seeks: bool,
+}
+
+impl SparseReader {
+    /// Reads `f` from its start.
+    pub(crate) fn new(f: File) -> Self {
+        SparseReader {
+            f,
+            pos: 0,
+            end: 0,
+            hole: false,
+            seeks: true,
+        }
+    }
+
+    /// Finds the region at `pos`: a hole up to the next data, or data up to the next hole.
+    fn region(&mut self) -> std::io::Result<()> {
+        use rustix::fs::{seek, SeekFrom};
+        use rustix::io::Errno;
+        (self.hole, self.end) = (false, u64::MAX);
+        if !self.seeks {
+            return Ok(());
+        }
+        match seek(&self.f, SeekFrom::Data(self.pos)) {
+            Ok(data) if data > self.pos => (self.hole, self.end) = (true, data),
+            Ok(_) => match seek(&self.f, SeekFrom::Hole(self.pos)) {
+                Ok(hole) if hole > self.pos => self.end = hole,
+                Ok(_) => {}
+                Err(e) => return Err(e.into()),
+            },
+            // No data at or past `pos`: a hole to the end (data appended since is then read).
+            Err(Errno::NXIO) => {
+                let len = self.f.metadata()?.len();
+                if len > self.pos {
+                    (self.hole, self.end) = (true, len);
+                }
+            }
+            Err(Errno::INVAL | Errno::OPNOTSUPP) => self.seeks = false,
+            Err(e) => return Err(e.into()),
+        }
+        Ok(())
+    }
+
+    /// Fills the start of `buf` with the next bytes: how many (0 at the end of the file), and
+    /// whether they were read from the disk (false for zeros of a hole).
+    pub(crate) fn read(&mut self, buf: &mut [u8]) -> std::io::Result<(usize, bool)> {
+        use std::os::unix::fs::FileExt;
+        if buf.is_empty() {
+            return Ok((0, false));
+        }
+        if self.pos >= self.end {
+            self.region()?;
+        }
+        let want = (self.end - self.pos).min(buf.len() as u64) as usize;
+        if self.hole {
+            buf[..want].fill(0);
+            self.pos += want as u64;
+            return Ok((want, false));
+        }
+        loop {
+            match self.f.read_at(&mut buf[..want], self.pos) {
+                Ok(k) => {
+                    self.pos += k as u64;
+                    return Ok((k, true));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Fills `buf` whole; false if the file ended first (then `buf` holds what there was).
+    /// Adds to `disk` the bytes read from the disk.
+    pub(crate) fn read_full(&mut self, buf: &mut [u8], disk: &mut u64) -> std::io::Result<bool> {
+        let mut got = 0;
+        while got < buf.len() {
+            let (k, from_disk) = self.read(&mut buf[got..])?;
+            if k == 0 {
+                return Ok(false);
+            }
+            if from_disk {
+                *disk += k as u64;
+            }
+            got += k;
+        }
+        Ok(true)
+    }
 }
 
 /// Walks the directory `root` without following symlinks and hashes every file.
@@ -691,6 +786,37 @@ mod tests {
             }
         );
         assert_eq!(s.bytes_read, 5);
+    }
+
+    #[test]
+    fn holes_read_as_zeros_without_reading_them() {
+        use std::os::unix::fs::FileExt;
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("sparse");
+        let f = File::create(&path).unwrap();
+        f.set_len(64 << 20).unwrap();
+        f.write_all_at(&[7; 5000], 10 << 20).unwrap();
+        f.write_all_at(b"end", (64 << 20) - 3).unwrap();
+        drop(f);
+        let mut want = vec![0u8; 64 << 20];
+        want[10 << 20..(10 << 20) + 5000].fill(7);
+        want[(64 << 20) - 3..].copy_from_slice(b"end");
+        let mut disk = 0;
+        let (hash, len) = hash_file(&path, &mut |n| disk += n).unwrap();
+        assert_eq!((hash, len), (*blake3::hash(&want).as_bytes(), 64 << 20));
+        assert!(disk < 1 << 20, "{disk} bytes read from the disk");
+        let mut r = SparseReader::new(File::open(&path).unwrap());
+        let mut got = vec![1u8; 64 << 20];
+        let mut disk = 0;
+        assert!(r.read_full(&mut got, &mut disk).unwrap());
+        assert!(
+            got == want && disk < 1 << 20,
+            "{disk} bytes read from the disk"
+        );
+        assert!(
+            !r.read_full(&mut [0; 1], &mut disk).unwrap(),
+            "then the end"
+        );
     }
 
     /// Random trees: sorted unique names per directory, nested a few levels.

@@ -11,8 +11,14 @@
 //!    batched together, big ones split, about `batch_bytes` per message, or 1 MiB and more
 //!    as soon as no file is ready to join it), a file as a delta
 //!    against its old version when the cache holds that version (zstd with the base as a
-//!    reference prefix for big binaries, our codec otherwise); the receiver writes them
+//!    reference prefix for big binaries, our codec otherwise; files over
+//!    [`WHOLE_MAX`] with ours, segment by segment, see `window`); the receiver writes them
 //!    into staging and checks each file's BLAKE3 against the manifest.
+//!
+//! The sender holds a bounded amount whatever the files' sizes: files over [`WHOLE_MAX`]
+//! are read in pieces (holes unread), within a read-ahead budget (see `ahead`), and streamed
+//! into the channel; the cache keeps them as they are read. A 1 GiB file took 1.39 GB of
+//! resident memory to send, 229 MiB since (most of it the channel's store and window).
 //! 4. The sender sends COMMIT; the receiver swaps the new version in and answers DONE.
 //!
 //! Either end may send ERROR (text) instead of its next message and stop. Every message
@@ -35,14 +41,15 @@ use std::time::{Duration, Instant};
 use dedupwire_engine::delta::zstd_ref::LDM_FROM;
 use dedupwire_engine::delta::{DeltaCodec, Sampled, ZstdRef};
 
-use crate::ahead::Ahead;
+use crate::ahead::{Ahead, Taken};
 use dedupwire_wire::{ChannelStats, ChunkStore, DedupStream};
 
 use crate::apply::{Peer, Retired, Source, TreeRoot};
 use crate::cache::{SendCache, DELTA_MAX};
 use crate::error::{io_at, Error, Result};
-use crate::manifest::{Kind, Manifest};
+use crate::manifest::{Kind, Manifest, SparseReader};
 use crate::plan::{self, Change, Diff};
+use crate::window;
 
 /// The session protocol's version (in OFFER).
 pub const SESSION_VERSION: u8 = 3;
@@ -151,8 +158,9 @@ pub struct SendOptions {
     pub dry_run: bool,
     /// Content bytes per DATA message (the unit the receiver holds in memory).
     pub batch_bytes: usize,
-    /// Files up to this size are read whole (and may travel as deltas); bigger ones are
-    /// streamed in pieces. At most [`DELTA_MAX`].
+    /// Files up to this size are read whole (a delta against their base made in memory, when
+    /// the base is no bigger); bigger ones are streamed in pieces, a delta made segment by
+    /// segment against the region of the base around it. At most [`DELTA_MAX`].
     pub whole_file_max: u64,
 }
 
@@ -161,7 +169,7 @@ impl Default for SendOptions {
         SendOptions {
             dry_run: false,
             batch_bytes: 32 << 20,
-            whole_file_max: DELTA_MAX,
+            whole_file_max: WHOLE_MAX,
         }
     }
 }
@@ -354,11 +362,7 @@ pub fn send<S: Read + Write>(
         return Ok(report);
     }
 
-    let mut out = Batcher {
-        batch: vec![DATA],
-        limit: opts.batch_bytes,
-        contents: false,
-    };
+    let mut out = Batcher::new(opts.batch_bytes);
     let mut done = 0u64;
     progress(0, bytes_needed);
     // Reading, hashing and delta encoding run ahead of the channel on up to PRODUCERS
@@ -370,8 +374,8 @@ pub fn send<S: Read + Write>(
     let (txs, rxs): (Vec<_>, Vec<_>) = (0..producers)
         .map(|_| std::sync::mpsc::sync_channel::<Payload>(AHEAD_FILES))
         .unzip();
-    let (keep_tx, keep_rx) = std::sync::mpsc::sync_channel::<Kept>(4);
-    let ahead = Ahead::new(AHEAD_BYTES);
+    let (keep_tx, keep_rx) = std::sync::mpsc::sync_channel::<Kept>(1);
+    let ahead = Ahead::new(AHEAD_BYTES, AHEAD_PASS);
     let job = Job {
         src,
         manifest,
@@ -383,7 +387,7 @@ pub fn send<S: Read + Write>(
     std::thread::scope(|scope| -> Result<()> {
         let keeper = scope.spawn(move || {
             let mut warning = None;
-            for (hash, data) in keep_rx {
+            for (hash, data, _taken) in keep_rx {
                 if let Some(Err(e)) = cache.map(|c| c.put(&hash, &data)) {
                     warning.get_or_insert_with(|| e.to_string());
                 }
@@ -418,7 +422,7 @@ pub fn send<S: Read + Write>(
                     Err(TryRecvError::Empty) => {
                         // Nothing ready: a batch worth a message goes now, so that the
                         // receiver works while the producers do.
-                        if out.batch.len() >= IDLE_FLUSH {
+                        if out.len() >= IDLE_FLUSH {
                             if let Err(e) = out.flush(stream) {
                                 sent = Err(e);
                                 break 'files;
@@ -437,17 +441,17 @@ pub fn send<S: Read + Write>(
                         size,
                         body,
                         delta,
+                        ..
                     } => {
                         done += size;
                         let (kind, last) = delta.map_or((PIECE_BYTES, PIECE_BYTES), Coder::kinds);
-                        let r = out.pieces(stream, index, &body, kind, last);
-                        ahead.give(size);
-                        (r, true)
+                        (out.pieces(stream, index, &body, kind, last), true)
                     }
-                    Payload::Piece { index, body, last } => {
+                    Payload::Piece {
+                        index, body, last, ..
+                    } => {
                         done += body.len() as u64;
                         let r = out.pieces(stream, index, &body, PIECE_BYTES, PIECE_BYTES);
-                        ahead.give(body.len() as u64);
                         (r, last)
                     }
                 };
@@ -502,20 +506,23 @@ pub fn send<S: Read + Write>(
 }
 
 /// What the producer hands the channel: a whole file (its contents or its delta), or the
-/// next piece of a file too big for either end to hold whole.
-enum Payload {
+/// next piece of a file too big for either end to hold whole. Each holds its share of the
+/// read-ahead budget until dropped.
+enum Payload<'a> {
     File {
         index: usize,
         size: u64,
         body: Arc<Vec<u8>>,
         /// How its delta was made, when it travels as one.
         delta: Option<Coder>,
+        _taken: Arc<Taken<'a>>,
     },
     Piece {
         index: usize,
         body: Vec<u8>,
         /// Whether it is the file's last piece.
         last: bool,
+        _taken: Taken<'a>,
     },
 }
 
@@ -531,16 +538,32 @@ struct Job<'a> {
     ahead: &'a Ahead,
 }
 
+/// Files up to this size are read whole by default ([`SendOptions::whole_file_max`]): with
+/// a base, a producer holds the file, the base, the delta and the codec's index of the base.
+pub const WHOLE_MAX: u64 = 8 << 20;
+/// The biggest delta a producer holds for a file encoded segment by segment: a bigger one
+/// (a file mostly new) is given up for the file's contents, which the channel deduplicates.
+const DELTA_HOLD: usize = 16 << 20;
 /// Threads reading and delta-encoding files for the channel, at most.
 const PRODUCERS: usize = 2;
-/// Bytes of files the producers may hold ahead of the channel (beyond the file it waits for).
-const AHEAD_BYTES: u64 = 256 << 20;
+/// Bytes of files the producers may hold ahead of the channel.
+const AHEAD_BYTES: u64 = 16 << 20;
+/// What the file the channel waits for may hold past [`AHEAD_BYTES`]: two pieces.
+const AHEAD_PASS: u64 = 2 * MAX_PIECE as u64;
+/// Bytes handed to the channel's `Write` at once.
+const WRITE_STEP: usize = 1 << 20;
 /// A DATA batch at least this long is sent when no file is ready to join it.
 const IDLE_FLUSH: usize = 1 << 20;
 /// Files each producer may queue ahead of the channel.
 const AHEAD_FILES: usize = 64;
 
 impl Produced {
+    fn counted_delta(&mut self, size: u64, delta: usize) {
+        self.files_delta += 1;
+        self.bytes_delta_files += size;
+        self.delta_bytes += delta as u64;
+    }
+
     fn add(&mut self, o: &Produced) {
         self.bytes_read += o.bytes_read;
         self.files_delta += o.files_delta;
@@ -549,8 +572,8 @@ impl Produced {
     }
 }
 
-/// A file sent, for the cache: its hash and contents.
-type Kept = ([u8; 32], Arc<Vec<u8>>);
+/// A file sent, for the cache: its hash and contents, and their share of the read-ahead budget.
+type Kept<'a> = ([u8; 32], Arc<Vec<u8>>, Arc<Taken<'a>>);
 
 /// The producer's counters.
 #[derive(Default)]
@@ -562,114 +585,233 @@ struct Produced {
 }
 
 /// Reads the files `need` (position in sending order, manifest index) in order, checks them
-/// against the manifest, queues them for the cache (`keep`), delta-encodes those with a base
-/// in the cache and queues them for the channel. Stops early (returning its counters) when
-/// the channel side hangs up.
-fn produce(
-    job: &Job<'_>,
+/// against the manifest, queues them for the cache (`keep`, or kept as they are read),
+/// delta-encodes those with a base in the cache and queues them for the channel. Stops early
+/// (returning its counters) when the channel side hangs up.
+fn produce<'a>(
+    job: &Job<'a>,
     need: &[(usize, usize)],
-    keep: Option<std::sync::mpsc::SyncSender<Kept>>,
-    tx: std::sync::mpsc::SyncSender<Payload>,
+    keep: Option<std::sync::mpsc::SyncSender<Kept<'a>>>,
+    tx: std::sync::mpsc::SyncSender<Payload<'a>>,
 ) -> Result<Produced> {
-    let Job {
-        src,
-        manifest,
-        bases,
-        cache,
-        whole_max,
-        ahead,
-    } = *job;
     let mut p = Produced::default();
     for &(k, i) in need {
-        let e = &manifest.entries[i];
-        let Kind::File { size, hash } = e.kind else {
+        let e = &job.manifest.entries[i];
+        let Kind::File { size, .. } = e.kind else {
             unreachable!("checked in parse_plan")
         };
-        let path = src.join(e.rel_path());
-        let mut f = OpenOptions::new()
-            .read(true)
-            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-            .open(&path)
-            .map_err(io_at(&path))?;
-        if size > whole_max {
-            let mut h = blake3::Hasher::new();
-            let mut left = size;
-            while left > 0 {
-                let n = left.min(MAX_PIECE as u64);
-                if !ahead.take(k, n) {
-                    return Ok(p);
-                }
-                let mut body = vec![0; n as usize];
-                read_full(&mut f, &path, &mut body)?;
-                h.update(&body);
-                left -= body.len() as u64;
-                p.bytes_read += body.len() as u64;
-                if left == 0 && *h.finalize().as_bytes() != hash {
-                    return Err(changed_while_sent(&path));
-                }
-                let last = left == 0;
-                if tx
-                    .send(Payload::Piece {
-                        index: i,
-                        body,
-                        last,
-                    })
-                    .is_err()
-                {
-                    return Ok(p);
-                }
-            }
-            continue;
-        }
-        if !ahead.take(k, size) {
-            return Ok(p);
-        }
-        let mut data = vec![0; size as usize];
-        read_full(&mut f, &path, &mut data)?;
-        p.bytes_read += size;
-        if *blake3::hash(&data).as_bytes() != hash {
-            return Err(changed_while_sent(&path));
-        }
-        let data = Arc::new(data);
-        // Into the cache while the delta is encoded, not after: a big file's compression
-        // would otherwise be left over when the receiver is done.
-        if let Some(k) = &keep {
-            let _ = k.send((hash, data.clone()));
-        }
-        let base = match (cache, bases.get(&i)) {
-            (Some(c), Some(prefix)) => c.base(prefix),
+        let path = job.src.join(e.rel_path());
+        let prefix = job.bases.get(&i).filter(|_| size <= DELTA_MAX);
+        let found = match (job.cache, prefix) {
+            (Some(c), Some(prefix)) => c.base_len(prefix).map(|len| (c, prefix, len)),
             _ => None,
         };
-        let mut delta = Vec::new();
-        let mut coder = None;
-        if let Some(base) = base {
-            let c = Coder::for_file(&base, &data);
-            c.encode(&base, &data, &mut delta);
-            if (delta.len() as f64) < size as f64 * DELTA_WORTH {
-                coder = Some(c);
-                p.files_delta += 1;
-                p.bytes_delta_files += size;
-                p.delta_bytes += delta.len() as u64;
-            }
-        }
-        let body = if coder.is_some() {
-            Arc::new(delta)
+        let sent = if size <= job.whole_max {
+            let found = found.filter(|&(.., len)| len <= job.whole_max);
+            whole(job, (k, i), &path, found, &keep, &tx, &mut p)?
         } else {
-            data
+            let mut sent = Sent::No;
+            if let Some(found) = found {
+                sent = windowed(job, (k, i), &path, found, &tx, &mut p)?;
+            }
+            if sent == Sent::No {
+                sent = pieces(job, (k, i), &path, &tx, &mut p)?;
+            }
+            sent
         };
-        if tx
-            .send(Payload::File {
-                index: i,
-                size,
-                body,
-                delta: coder,
-            })
-            .is_err()
-        {
+        if sent == Sent::Stop {
             return Ok(p);
         }
     }
     Ok(p)
+}
+
+/// What became of a file: queued for the channel, not sent (try another way), or the
+/// channel side is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    Yes,
+    No,
+    Stop,
+}
+
+fn open_source(path: &Path) -> Result<SparseReader> {
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(path)
+        .map_err(io_at(path))?;
+    Ok(SparseReader::new(f))
+}
+
+/// Sends a file read whole, as a delta against `found` (the cache, the base's hash prefix
+/// and its length) when that is worth it; the file goes to the cache through `keep`.
+fn whole<'a>(
+    job: &Job<'a>,
+    (k, i): (usize, usize),
+    path: &Path,
+    found: Option<(&SendCache, &[u8; BASE_PREFIX], u64)>,
+    keep: &Option<std::sync::mpsc::SyncSender<Kept<'a>>>,
+    tx: &std::sync::mpsc::SyncSender<Payload<'a>>,
+    p: &mut Produced,
+) -> Result<Sent> {
+    let Kind::File { size, hash } = job.manifest.entries[i].kind else {
+        unreachable!("a file")
+    };
+    // The file, and with a base: the base, the delta and the codec's index of the base.
+    let cost = found.map_or(size, |(.., len)| 2 * size + 2 * len);
+    let Some(taken) = job.ahead.take(k, cost) else {
+        return Ok(Sent::Stop);
+    };
+    let taken = Arc::new(taken);
+    let mut data = vec![0; size as usize];
+    read_full(&mut open_source(path)?, path, &mut data, &mut p.bytes_read)?;
+    if *blake3::hash(&data).as_bytes() != hash {
+        return Err(changed_while_sent(path));
+    }
+    let data = Arc::new(data);
+    // Into the cache while the delta is encoded, not after: a big file's compression
+    // would otherwise be left over when the receiver is done.
+    if let Some(k) = keep {
+        let _ = k.send((hash, data.clone(), taken.clone()));
+    }
+    let base = found.and_then(|(c, prefix, len)| c.base_within(prefix, len));
+    let mut delta = Vec::new();
+    let mut coder = None;
+    if let Some(base) = base {
+        let c = Coder::for_file(&base, &data);
+        c.encode(&base, &data, &mut delta);
+        if (delta.len() as f64) < size as f64 * DELTA_WORTH {
+            coder = Some(c);
+            p.counted_delta(size, delta.len());
+        }
+    }
+    let body = if coder.is_some() {
+        Arc::new(delta)
+    } else {
+        data
+    };
+    let sent = tx.send(Payload::File {
+        index: i,
+        size,
+        body,
+        delta: coder,
+        _taken: taken,
+    });
+    Ok(if sent.is_ok() { Sent::Yes } else { Sent::Stop })
+}
+
+/// Sends a big file as a delta made segment by segment against the region of its base
+/// around it ([`crate::window`]), if the delta is worth it and within [`DELTA_HOLD`] (it is
+/// held until the file's last byte, to be checked); keeps the file in the cache as it goes.
+fn windowed<'a>(
+    job: &Job<'a>,
+    (k, i): (usize, usize),
+    path: &Path,
+    (cache, prefix, len): (&SendCache, &[u8; BASE_PREFIX], u64),
+    tx: &std::sync::mpsc::SyncSender<Payload<'a>>,
+    p: &mut Produced,
+) -> Result<Sent> {
+    let Kind::File { size, hash } = job.manifest.entries[i].kind else {
+        unreachable!("a file")
+    };
+    let Some(base) = cache.base_stream(prefix) else {
+        return Ok(Sent::No);
+    };
+    let limit = ((size as f64 * DELTA_WORTH) as usize).min(DELTA_HOLD);
+    let Some(taken) = job.ahead.take(k, window::WORKING_BYTES + limit as u64) else {
+        return Ok(Sent::Stop);
+    };
+    let mut f = open_source(path)?;
+    let mut kept = cache.writer(&hash, size).ok().flatten();
+    let mut d = window::WindowedDelta::new(base, len, size, limit);
+    let mut h = blake3::Hasher::new();
+    let mut segment = vec![0; window::SEGMENT];
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(window::SEGMENT as u64) as usize;
+        read_full(&mut f, path, &mut segment[..n], &mut p.bytes_read)?;
+        h.update(&segment[..n]);
+        if kept
+            .as_mut()
+            .is_some_and(|w| w.write(&segment[..n]).is_err())
+        {
+            kept = None;
+        }
+        left -= n as u64;
+        if !d.push(&segment[..n]) {
+            return Ok(Sent::No);
+        }
+    }
+    if *h.finalize().as_bytes() != hash {
+        return Err(changed_while_sent(path));
+    }
+    if let Some(w) = kept {
+        let _ = w.finish();
+    }
+    drop(segment);
+    let (delta, base) = d.finish();
+    if !base.intact() {
+        return Ok(Sent::No);
+    }
+    p.counted_delta(size, delta.len());
+    let sent = tx.send(Payload::File {
+        index: i,
+        size,
+        body: Arc::new(delta),
+        delta: Some(Coder::Sampled),
+        _taken: Arc::new(taken),
+    });
+    Ok(if sent.is_ok() { Sent::Yes } else { Sent::Stop })
+}
+
+/// Sends a big file's contents in pieces, keeping it in the cache as it goes.
+fn pieces<'a>(
+    job: &Job<'a>,
+    (k, i): (usize, usize),
+    path: &Path,
+    tx: &std::sync::mpsc::SyncSender<Payload<'a>>,
+    p: &mut Produced,
+) -> Result<Sent> {
+    let Kind::File { size, hash } = job.manifest.entries[i].kind else {
+        unreachable!("a file")
+    };
+    let mut f = open_source(path)?;
+    let mut kept = job.cache.and_then(|c| c.writer(&hash, size).ok().flatten());
+    let mut h = blake3::Hasher::new();
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(MAX_PIECE as u64);
+        let Some(taken) = job.ahead.take(k, n) else {
+            return Ok(Sent::Stop);
+        };
+        let mut body = vec![0; n as usize];
+        read_full(&mut f, path, &mut body, &mut p.bytes_read)?;
+        h.update(&body);
+        if kept.as_mut().is_some_and(|w| w.write(&body).is_err()) {
+            kept = None;
+        }
+        left -= n;
+        let last = left == 0;
+        if last {
+            if *h.finalize().as_bytes() != hash {
+                return Err(changed_while_sent(path));
+            }
+            if let Some(w) = kept.take() {
+                let _ = w.finish();
+            }
+        }
+        let piece = Payload::Piece {
+            index: i,
+            body,
+            last,
+            _taken: taken,
+        };
+        if tx.send(piece).is_err() {
+            return Ok(Sent::Stop);
+        }
+    }
+    Ok(Sent::Yes)
 }
 
 fn changed_while_sent(path: &Path) -> Error {
@@ -679,18 +821,10 @@ fn changed_while_sent(path: &Path) -> Error {
     ))
 }
 
-/// Fills `buf` from `f`; a file shorter than scanned is an error.
-fn read_full(f: &mut std::fs::File, path: &Path, buf: &mut [u8]) -> Result<()> {
-    let mut got = 0;
-    while got < buf.len() {
-        match f.read(&mut buf[got..]) {
-            Ok(0) => break,
-            Ok(k) => got += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(io_at(path)(e)),
-        }
-    }
-    if got < buf.len() {
+/// Fills `buf` from `f`, adding to `disk` what was read from the disk; a file shorter than
+/// scanned is an error.
+fn read_full(f: &mut SparseReader, path: &Path, buf: &mut [u8], disk: &mut u64) -> Result<()> {
+    if !f.read_full(buf, disk).map_err(io_at(path))? {
         return Err(Error::Mismatch(format!(
             "{}: shorter than when it was scanned (changed while being sent)",
             path.display()
@@ -699,25 +833,41 @@ fn read_full(f: &mut std::fs::File, path: &Path, buf: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
-/// DATA messages being filled with pieces, sent when about `limit` bytes long.
+/// DATA messages being filled with pieces, sent when about `limit` bytes long. A message of
+/// deltas only is built whole and skips the channel's dedup (its bytes are new to the
+/// receiver by construction); one holding contents is streamed through the channel as it
+/// fills, from its first contents piece on, so that it is never held whole.
 struct Batcher {
+    /// The message while it holds only deltas; its first byte only, once it streams.
     batch: Vec<u8>,
     limit: usize,
-    /// Whether the batch holds file contents, not only deltas. A batch of deltas skips the
-    /// channel's dedup: their bytes are new to the receiver by construction.
-    contents: bool,
+    /// Bytes of the message streamed so far, once it streams.
+    streamed: Option<usize>,
 }
 
 impl Batcher {
+    fn new(limit: usize) -> Self {
+        Batcher {
+            batch: vec![DATA],
+            limit,
+            streamed: None,
+        }
+    }
+
+    /// The message's length so far.
+    fn len(&self) -> usize {
+        self.streamed.unwrap_or(self.batch.len())
+    }
+
     /// Content bytes the next piece may carry.
     fn room(&self) -> usize {
         self.limit
-            .saturating_sub(self.batch.len() + PIECE_HEADER)
+            .saturating_sub(self.len() + PIECE_HEADER)
             .max(64 << 10)
     }
 
     /// Appends `bytes` as pieces of entry `index`: `kind` for each but the last, `last` for
-    /// the last; sends the batch whenever it is full.
+    /// the last; sends the message whenever it is full.
     fn pieces<S: Read + Write>(
         &mut self,
         stream: &mut DedupStream<S>,
@@ -726,16 +876,36 @@ impl Batcher {
         kind: u8,
         last: u8,
     ) -> Result<()> {
+        if kind == PIECE_BYTES && self.streamed.is_none() {
+            stream
+                .write_all(&self.batch)
+                .map_err(|e| channel_error(stream, e))?;
+            self.streamed = Some(self.batch.len());
+            self.batch.truncate(1);
+        }
         loop {
             let n = bytes.len().min(MAX_PIECE).min(self.room());
             let (head, rest) = bytes.split_at(n);
-            self.batch.push(if rest.is_empty() { last } else { kind });
-            self.contents |= kind == PIECE_BYTES;
-            put_u32(&mut self.batch, index);
-            put_u32(&mut self.batch, n);
-            self.batch.extend_from_slice(head);
+            let mut header = [0u8; PIECE_HEADER];
+            header[0] = if rest.is_empty() { last } else { kind };
+            header[1..5].copy_from_slice(&(index as u32).to_le_bytes());
+            header[5..].copy_from_slice(&(n as u32).to_le_bytes());
+            match &mut self.streamed {
+                Some(len) => {
+                    // In steps, so that the channel holds little more than a segment.
+                    std::iter::once(&header[..])
+                        .chain(head.chunks(WRITE_STEP))
+                        .try_for_each(|b| stream.write_all(b))
+                        .map_err(|e| channel_error(stream, e))?;
+                    *len += PIECE_HEADER + n;
+                }
+                None => {
+                    self.batch.extend_from_slice(&header);
+                    self.batch.extend_from_slice(head);
+                }
+            }
             bytes = rest;
-            if self.batch.len() + PIECE_HEADER >= self.limit {
+            if self.len() + PIECE_HEADER >= self.limit {
                 self.flush(stream)?;
             }
             if bytes.is_empty() {
@@ -744,20 +914,31 @@ impl Batcher {
         }
     }
 
+    /// Ends the message (if it has a piece): the channel returns once the receiver has it.
     fn flush<S: Read + Write>(&mut self, stream: &mut DedupStream<S>) -> Result<()> {
-        if self.batch.len() > 1 {
-            if self.contents {
-                send_msg(stream, &self.batch)?;
-            } else {
-                stream
-                    .send_new(&self.batch)
-                    .map_err(|e| explain(stream, e))?;
-            }
+        if self.streamed.take().is_some() {
+            stream.flush().map_err(|e| channel_error(stream, e))?;
+        } else if self.batch.len() > 1 {
+            stream
+                .send_new(&self.batch)
+                .map_err(|e| explain(stream, e))?;
             self.batch.truncate(1);
-            self.contents = false;
         }
         Ok(())
     }
+}
+
+/// A channel error that came back through `io::Write`, as [`explain`] tells it.
+fn channel_error<S: Read + Write>(stream: &mut DedupStream<S>, e: std::io::Error) -> Error {
+    use dedupwire_wire::Error as Wire;
+    let e = if e.get_ref().is_some_and(|i| i.is::<Wire>()) {
+        *e.into_inner()
+            .and_then(|i| i.downcast::<Wire>().ok())
+            .expect("checked to be a channel error")
+    } else {
+        Wire::Io(e)
+    };
+    explain(stream, e)
 }
 
 /// The pieces of a DATA message: (kind, entry index, bytes), each checked for a known kind
