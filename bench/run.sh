@@ -4,7 +4,9 @@
 #   bench/run.sh                 all benchmarks
 #   bench/run.sh chunking delta  some of them (chunking, delta, reduction, analyze,
 #                                analyze-images, analyze-trees, replicate, env, secure,
-#                                channel, links)
+#                                channel, links, backup)
+#   bench/run.sh backup          dedupwire backup/restore beside restic 0.19.1 and borg 1.4.5
+#                                (not in the default set: ~30 min; see bench/backup.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=("$@")
@@ -59,6 +61,15 @@ for b in "${which[@]}"; do
       # link, not the CPU, bounds plain sending (target/bench-out/links-lan100.json).
       DELAY_MS=0 LINKS=100 WORKLOADS="django binary" PEERS="zstd rsync channel" \
         LINKS_JSON=links-lan100.json bash bench/links.sh
+      ;;
+    backup)
+      # `dedupwire backup` / `restore` beside restic 0.19.1 (built from the Go module proxy,
+      # bench/restic.sh) and borg 1.4.5 (PyPI, bench/borg.sh), in one run: release series,
+      # nightly pg_dumps, a 3.5 GB tree; bytes added per snapshot beside the zstd --patch-from
+      # oracle, wall / CPU / peak RSS of every backup and restore, and the issue's goals as
+      # ratios. Tables on stdout, JSON in target/bench/backup-<date>.json. Knobs: bench/backup.sh.
+      # 32 min on the shared 2-core machine (17 of them timed work, the rest the oracle).
+      BENCH_CMD="${BENCH_CMD:-bench/run.sh $*}" bash bench/backup.sh
       ;;
     analyze)
       # End-to-end analysis speed (every method, both scopes) beside reading the same files:
