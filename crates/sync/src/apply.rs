@@ -704,6 +704,25 @@ impl SparseWriter {
         Ok(())
     }
 
+    /// Writes `n` zeros: whole blocks of them are left as a hole.
+    fn zeros(&mut self, mut n: u64) -> io::Result<()> {
+        if !self.partial.is_empty() {
+            let take = ((HOLE_BLOCK - self.partial.len()) as u64).min(n) as usize;
+            self.partial.resize(self.partial.len() + take, 0);
+            n -= take as u64;
+            if self.partial.len() < HOLE_BLOCK {
+                return Ok(());
+            }
+            put_blocks(&self.file, self.flushed, &self.partial)?;
+            self.flushed += HOLE_BLOCK as u64;
+            self.partial.clear();
+        }
+        let whole = n / HOLE_BLOCK as u64 * HOLE_BLOCK as u64;
+        self.flushed += whole;
+        self.partial.resize((n - whole) as usize, 0);
+        Ok(())
+    }
+
     /// Writes the last partial block and gives the file its full `size` (a trailing hole
     /// included).
     fn finish(&mut self, size: u64) -> io::Result<()> {
@@ -823,6 +842,17 @@ impl Staging<'_> {
 
     /// The next bytes of entry `index`: the file the sender is on, or the next needed one.
     pub fn write(&mut self, index: usize, bytes: &[u8]) -> Result<()> {
+        self.put(index, Some(bytes), bytes.len() as u64)
+    }
+
+    /// The next `n` bytes of entry `index` are zeros (a hole of the sender's file): hashed,
+    /// not written.
+    pub fn write_zeros(&mut self, index: usize, n: u64) -> Result<()> {
+        self.put(index, None, n)
+    }
+
+    /// [`Staging::write`] of `len` bytes: `bytes`, or zeros.
+    fn put(&mut self, index: usize, bytes: Option<&[u8]>, len: u64) -> Result<()> {
         if self.writer.as_ref().map(|w| w.index) != Some(index) {
             if self.writer.is_some() {
                 return Err(Error::Protocol(format!(
@@ -851,15 +881,23 @@ impl Staging<'_> {
             unreachable!("only files are needed")
         };
         let w = self.writer.as_mut().expect("opened above");
-        if w.written + bytes.len() as u64 > size {
+        if w.written.checked_add(len).is_none_or(|end| end > size) {
             return Err(Error::Protocol(format!(
                 "more bytes than the {size} of {}",
                 e.display()
             )));
         }
-        w.file.write(bytes).map_err(io_at(&w.path))?;
-        w.hasher.update(bytes);
-        w.written += bytes.len() as u64;
+        match bytes {
+            Some(bytes) => {
+                w.file.write(bytes).map_err(io_at(&w.path))?;
+                w.hasher.update(bytes);
+            }
+            None => {
+                w.file.zeros(len).map_err(io_at(&w.path))?;
+                crate::manifest::hash_zeros(&mut w.hasher, len);
+            }
+        }
+        w.written += len;
         if w.written == size {
             let mut w = self.writer.take().expect("present");
             w.file.finish(size).map_err(io_at(&w.path))?;

@@ -432,6 +432,17 @@ impl ObjectWriter<'_> {
         enc.write_all(bytes).map_err(io_at(&self.tmp))
     }
 
+    /// The file's next `n` bytes, all zeros.
+    pub(crate) fn zeros(&mut self, mut n: u64) -> Result<()> {
+        static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+        while n > 0 {
+            let k = n.min(ZEROS.len() as u64) as usize;
+            self.write(&ZEROS[..k])?;
+            n -= k as u64;
+        }
+        Ok(())
+    }
+
     /// Puts the object in place once all its bytes were written (and checked against its
     /// hash by the caller), if it fits what this send may still write.
     pub(crate) fn finish(mut self) -> Result<()> {

@@ -431,6 +431,16 @@ fn hash_into(
     Ok((*h.finalize().as_bytes(), n))
 }
 
+/// Adds `n` zero bytes to `h`.
+pub(crate) fn hash_zeros(h: &mut blake3::Hasher, mut n: u64) {
+    static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+    while n > 0 {
+        let k = n.min(ZEROS.len() as u64) as usize;
+        h.update(&ZEROS[..k]);
+        n -= k as u64;
+    }
+}
+
 /// A regular file read from start to end, whose holes (as `SEEK_DATA` / `SEEK_HOLE` find
 /// them) come out as zeros without being read: a sparse file of many gigabytes with little
 /// data in it costs its data's reads, not its size's.
@@ -510,6 +520,32 @@ impl SparseReader {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Skips the hole at the current position, at most `max` bytes of it: how many (0 when
+    /// the position is in data).
+    pub(crate) fn hole(&mut self, max: u64) -> std::io::Result<u64> {
+        if self.pos >= self.end {
+            self.region()?;
+        }
+        if !self.hole {
+            return Ok(0);
+        }
+        let n = (self.end - self.pos).min(max);
+        self.pos += n;
+        Ok(n)
+    }
+
+    /// Bytes of data from the current position to the next hole, at most `max`.
+    pub(crate) fn data_run(&mut self, max: u64) -> std::io::Result<u64> {
+        if self.pos >= self.end {
+            self.region()?;
+        }
+        Ok(if self.hole {
+            0
+        } else {
+            (self.end - self.pos).min(max)
+        })
     }
 
     /// Fills `buf` whole; false if the file ended first (then `buf` holds what there was).

@@ -47,12 +47,12 @@ use dedupwire_wire::{ChannelStats, ChunkStore, DedupStream};
 use crate::apply::{Peer, Retired, Source, TreeRoot};
 use crate::cache::{SendCache, DELTA_MAX};
 use crate::error::{io_at, Error, Result};
-use crate::manifest::{Kind, Manifest, SparseReader};
+use crate::manifest::{hash_zeros, Kind, Manifest, SparseReader};
 use crate::plan::{self, Change, Diff};
 use crate::window;
 
 /// The session protocol's version (in OFFER).
-pub const SESSION_VERSION: u8 = 3;
+pub const SESSION_VERSION: u8 = 4;
 const OFFER: u8 = b'O';
 const PLAN: u8 = b'P';
 const DATA: u8 = b'D';
@@ -69,6 +69,8 @@ const FLAG_DRY_RUN: u8 = 1;
 /// DATA piece kinds: a file's next bytes; a part of its delta with more to come, and the
 /// last part; the same for a delta made with zstd against the base as a reference prefix.
 const PIECE_BYTES: u8 = b'B';
+/// A run of zeros of a file: its length (u64) in place of its bytes.
+const PIECE_ZEROS: u8 = b'H';
 const PIECE_DELTA: u8 = b'd';
 const PIECE_DELTA_END: u8 = b'e';
 const PIECE_ZDELTA: u8 = b'z';
@@ -454,6 +456,10 @@ pub fn send<S: Read + Write>(
                         let r = out.pieces(stream, index, &body, PIECE_BYTES, PIECE_BYTES);
                         (r, last)
                     }
+                    Payload::Zeros { index, count, last } => {
+                        done += count;
+                        (out.zeros(stream, index, count), last)
+                    }
                 };
                 if r.is_err() {
                     sent = r;
@@ -523,6 +529,12 @@ enum Payload<'a> {
         /// Whether it is the file's last piece.
         last: bool,
         _taken: Taken<'a>,
+    },
+    /// A hole of the file: so many zeros, not read and not sent.
+    Zeros {
+        index: usize,
+        count: u64,
+        last: bool,
     },
 }
 
@@ -765,7 +777,8 @@ fn windowed<'a>(
     Ok(if sent.is_ok() { Sent::Yes } else { Sent::Stop })
 }
 
-/// Sends a big file's contents in pieces, keeping it in the cache as it goes.
+/// Sends a big file's contents in pieces, its holes as runs of zeros, keeping it in the
+/// cache as it goes.
 fn pieces<'a>(
     job: &Job<'a>,
     (k, i): (usize, usize),
@@ -781,17 +794,31 @@ fn pieces<'a>(
     let mut h = blake3::Hasher::new();
     let mut left = size;
     while left > 0 {
-        let n = left.min(MAX_PIECE as u64);
-        let Some(taken) = job.ahead.take(k, n) else {
-            return Ok(Sent::Stop);
-        };
-        let mut body = vec![0; n as usize];
-        read_full(&mut f, path, &mut body, &mut p.bytes_read)?;
-        h.update(&body);
-        if kept.as_mut().is_some_and(|w| w.write(&body).is_err()) {
-            kept = None;
+        let zeros = f.hole(left).map_err(io_at(path))?;
+        let mut piece = None;
+        if zeros > 0 {
+            hash_zeros(&mut h, zeros);
+            if kept.as_mut().is_some_and(|w| w.zeros(zeros).is_err()) {
+                kept = None;
+            }
+            left -= zeros;
+        } else {
+            let run = f
+                .data_run(left.min(MAX_PIECE as u64))
+                .map_err(io_at(path))?;
+            let n = run.max(1).min(left);
+            let Some(taken) = job.ahead.take(k, n) else {
+                return Ok(Sent::Stop);
+            };
+            let mut body = vec![0; n as usize];
+            read_full(&mut f, path, &mut body, &mut p.bytes_read)?;
+            h.update(&body);
+            if kept.as_mut().is_some_and(|w| w.write(&body).is_err()) {
+                kept = None;
+            }
+            left -= n;
+            piece = Some((body, taken));
         }
-        left -= n;
         let last = left == 0;
         if last {
             if *h.finalize().as_bytes() != hash {
@@ -801,13 +828,20 @@ fn pieces<'a>(
                 let _ = w.finish();
             }
         }
-        let piece = Payload::Piece {
-            index: i,
-            body,
-            last,
-            _taken: taken,
+        let payload = match piece {
+            Some((body, taken)) => Payload::Piece {
+                index: i,
+                body,
+                last,
+                _taken: taken,
+            },
+            None => Payload::Zeros {
+                index: i,
+                count: zeros,
+                last,
+            },
         };
-        if tx.send(piece).is_err() {
+        if tx.send(payload).is_err() {
             return Ok(Sent::Stop);
         }
     }
@@ -914,6 +948,33 @@ impl Batcher {
         }
     }
 
+    /// Appends a run of `count` zeros of entry `index`; sends the message if it is full.
+    fn zeros<S: Read + Write>(
+        &mut self,
+        stream: &mut DedupStream<S>,
+        index: usize,
+        count: u64,
+    ) -> Result<()> {
+        let mut piece = [0u8; PIECE_HEADER + 8];
+        piece[0] = PIECE_ZEROS;
+        piece[1..5].copy_from_slice(&(index as u32).to_le_bytes());
+        piece[5..9].copy_from_slice(&8u32.to_le_bytes());
+        piece[9..].copy_from_slice(&count.to_le_bytes());
+        match &mut self.streamed {
+            Some(len) => {
+                stream
+                    .write_all(&piece)
+                    .map_err(|e| channel_error(stream, e))?;
+                *len += piece.len();
+            }
+            None => self.batch.extend_from_slice(&piece),
+        }
+        if self.len() + PIECE_HEADER >= self.limit {
+            self.flush(stream)?;
+        }
+        Ok(())
+    }
+
     /// Ends the message (if it has a piece): the channel returns once the receiver has it.
     fn flush<S: Read + Write>(&mut self, stream: &mut DedupStream<S>) -> Result<()> {
         if self.streamed.take().is_some() {
@@ -953,7 +1014,7 @@ pub(crate) fn parse_data(m: &[u8]) -> Result<Vec<(u8, usize, &[u8])>> {
     let mut pieces = Vec::new();
     while !c.done() {
         let kind = c.take(1)?[0];
-        if kind != PIECE_BYTES && Coder::of_kind(kind).is_none() {
+        if kind != PIECE_BYTES && kind != PIECE_ZEROS && Coder::of_kind(kind).is_none() {
             return Err(Error::Protocol(format!("DATA piece kind {kind:#04x}")));
         }
         let i = c.u32()?;
@@ -961,6 +1022,11 @@ pub(crate) fn parse_data(m: &[u8]) -> Result<Vec<(u8, usize, &[u8])>> {
         let bytes = c.take(len)?;
         if bytes.is_empty() {
             return Err(Error::Protocol("an empty DATA piece".into()));
+        }
+        if kind == PIECE_ZEROS && (bytes.len() != 8 || bytes == [0; 8]) {
+            return Err(Error::Protocol(
+                "a DATA run of zeros that is not one count".into(),
+            ));
         }
         pieces.push((kind, i, bytes));
     }
@@ -1189,13 +1255,18 @@ fn serve_inner<S: Read + Write>(
         match m.first() {
             Some(&DATA) => {
                 for (kind, i, bytes) in parse_data(&m)? {
-                    if kind == PIECE_BYTES {
+                    if kind == PIECE_BYTES || kind == PIECE_ZEROS {
                         if let Some((p, ..)) = pending {
                             return Err(Error::Protocol(format!(
                                 "contents for entry {i} while the delta of entry {p} is incomplete"
                             )));
                         }
-                        staging.write(i, bytes)?;
+                        if kind == PIECE_ZEROS {
+                            let n = u64::from_le_bytes(bytes.try_into().expect("checked"));
+                            staging.write_zeros(i, n)?;
+                        } else {
+                            staging.write(i, bytes)?;
+                        }
                         continue;
                     }
                     let (coder, end) = Coder::of_kind(kind).expect("parse_data checked the kind");

@@ -394,6 +394,18 @@ fn malformed_data_pieces_are_errors_and_the_tree_stays() {
             "match the manifest's hash",
             piece(b'B', 0, &vec![0; 60_000]),
         ),
+        ("not one count", piece(b'H', 0, &[1, 2, 3])),
+        ("not one count", piece(b'H', 0, &0u64.to_le_bytes())),
+        ("more bytes than", piece(b'H', 0, &60_001u64.to_le_bytes())),
+        ("more bytes than", piece(b'H', 0, &u64::MAX.to_le_bytes())),
+        (
+            "match the manifest's hash",
+            piece(b'H', 0, &60_000u64.to_le_bytes()),
+        ),
+        (
+            "while the delta of entry 0",
+            [piece(b'd', 0, b"ab"), piece(b'H', 0, &5u64.to_le_bytes())].concat(),
+        ),
     ];
     for (want, data) in cases {
         // "no base": a tree without the old file at that path.
