@@ -4,14 +4,14 @@
 #   bench/run.sh                 all benchmarks
 #   bench/run.sh chunking delta  some of them (chunking, delta, reduction, analyze,
 #                                analyze-images, analyze-trees, replicate, env, secure,
-#                                channel, links, backup)
+#                                channel, links, send, backup)
 #   bench/run.sh backup          dedupwire backup/restore beside restic 0.19.1 and borg 1.4.5
 #                                (not in the default set: ~30 min; see bench/backup.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=("$@")
 [[ "${ROUNDS:-5}" =~ ^[1-9][0-9]*$ ]] || { echo "bench: ROUNDS must be a whole number of rounds, 1 or more (got '${ROUNDS}')" >&2; exit 2; }
-[ ${#which[@]} -gt 0 ] || which=(chunking delta reduction analyze analyze-images analyze-trees replicate env secure channel links)
+[ ${#which[@]} -gt 0 ] || which=(chunking delta reduction analyze analyze-images analyze-trees replicate env secure channel links send)
 command -v xdelta3 >/dev/null || { apt-get update -qq && apt-get install -y -qq xdelta3 >/dev/null; }
 data=$(bash bench/fetch-data.sh | tail -n 1)
 cargo build --release -q -p dedupwire-bench -p dedupwire-cli
@@ -71,6 +71,9 @@ for b in "${which[@]}"; do
       # 32 min on the shared 2-core machine (17 of them timed work, the rest the oracle).
       BENCH_CMD="${BENCH_CMD:-bench/run.sh $*}" bash bench/backup.sh
       ;;
+    # `dedupwire send` of one 1 GiB and one 4 GiB file (generated, incompressible with some
+    # repetition) over loopback: the sender's peak RSS in MiB and the wall time in seconds.
+    send) bash bench/send.sh ;;
     analyze)
       # End-to-end analysis speed (every method, both scopes) beside reading the same files:
       # exact (the default at this size), then with residual compression sampled 1 batch in 4.
