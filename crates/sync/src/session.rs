@@ -684,8 +684,8 @@ fn whole<'a>(
     let data = Arc::new(data);
     // Into the cache while the delta is encoded, not after: a big file's compression
     // would otherwise be left over when the receiver is done.
-    if let Some(k) = keep {
-        let _ = k.send((hash, data.clone(), taken.clone()));
+    if let Some(keeper) = keep {
+        let _ = keeper.send((hash, data.clone(), taken.clone()));
     }
     let base = found.and_then(|(c, prefix, len)| c.base_within(prefix, len));
     let mut delta = Vec::new();
