@@ -520,7 +520,8 @@ fn ls(repo: &Repository, spec: &str, below: Option<&std::path::Path>, json: bool
         let tree = repo.read_tree(&tree_id)?;
         for node in tree.nodes.iter().rev() {
             let name = node.name_bytes().unwrap_or_default();
-            let path = dir.join(std::ffi::OsStr::from_encoded_bytes_checked(&name));
+            let path =
+                dir.join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&name));
             let (kind, size) = match &node.kind {
                 NodeKind::File { size, .. } => ("file", *size),
                 NodeKind::Dir { subtree } => {
@@ -557,17 +558,6 @@ fn ls(repo: &Repository, spec: &str, below: Option<&std::path::Path>, json: bool
         }
     }
     Ok(())
-}
-
-/// `OsStr` from bytes on Unix.
-trait FromBytes {
-    fn from_encoded_bytes_checked(b: &[u8]) -> &std::ffi::OsStr;
-}
-
-impl FromBytes for std::ffi::OsStr {
-    fn from_encoded_bytes_checked(b: &[u8]) -> &std::ffi::OsStr {
-        std::os::unix::ffi::OsStrExt::from_bytes(b)
-    }
 }
 
 fn run_check(repo: &Repository, share: f64, json: bool) -> Result<()> {

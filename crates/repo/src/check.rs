@@ -103,13 +103,13 @@ pub fn check(repo: &Repository, read_data: f64) -> crate::repository::Result<Che
     }
 
     if read_data > 0.0 {
-        for (no, (name, _)) in repo.index().packs().enumerate() {
+        for (name, _) in repo.index().packs() {
             let pick = u64::from_str_radix(&name[..name.len().min(8)], 16).unwrap_or(0);
             if read_data < 1.0 && (pick as f64) >= read_data * u32::MAX as f64 {
                 continue;
             }
             r.packs_read += 1;
-            read_pack(repo, no as u32, name, &mut r.errors);
+            read_pack(repo, name, &mut r.errors);
         }
     }
     Ok(r)
@@ -117,7 +117,7 @@ pub fn check(repo: &Repository, read_data: f64) -> crate::repository::Result<Che
 
 /// Reads one pack whole: its name is its hash, its trailer and frames open, and every blob
 /// matches its id.
-fn read_pack(repo: &Repository, _no: u32, name: &str, errors: &mut Vec<String>) {
+fn read_pack(repo: &Repository, name: &str, errors: &mut Vec<String>) {
     let bytes = match repo.backend().get(ObjectKind::Pack, name) {
         Ok(b) => b,
         Err(e) => {

@@ -195,8 +195,8 @@ impl MasterKey {
                 p_cost: params.p_cost,
                 salt: hex::encode(salt),
             },
-            created: rfc3339_utc(std::time::SystemTime::now()),
-            host: host_name(),
+            created: crate::time::rfc3339_at(std::time::SystemTime::now()),
+            host: crate::backup::hostname(),
             user: std::env::var("USER").unwrap_or_default(),
             data: hex::encode(data),
         }
@@ -333,43 +333,6 @@ fn wipe(bytes: &mut [u8]) {
         unsafe { std::ptr::write_volatile(b, 0) };
     }
     std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
-}
-
-fn host_name() -> String {
-    std::fs::read_to_string("/etc/hostname")
-        .ok()
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_default()
-}
-
-fn rfc3339_utc(time: std::time::SystemTime) -> String {
-    let secs = time
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (days, rem) = (secs / 86400, secs % 86400);
-    let (y, m, d) = civil_from_days(days as i64);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
-}
-
-/// Howard Hinnant's `civil_from_days`: days since 1970-01-01 to (year, month, day).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
 }
 
 #[cfg(test)]
@@ -642,16 +605,6 @@ mod tests {
             p_cost: 1,
         };
         MasterKey::generate().wrap(b"pw", params);
-    }
-
-    #[test]
-    fn rfc3339() {
-        let at = |s: u64| rfc3339_utc(std::time::UNIX_EPOCH + std::time::Duration::from_secs(s));
-        assert_eq!(at(0), "1970-01-01T00:00:00Z");
-        assert_eq!(at(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(at(1_700_000_000), "2023-11-14T22:13:20Z");
-        assert_eq!(at(4_102_444_799), "2099-12-31T23:59:59Z");
-        assert_eq!(at(4_102_444_800), "2100-01-01T00:00:00Z");
     }
 
     proptest! {

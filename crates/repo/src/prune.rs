@@ -13,7 +13,6 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use crate::backend::ObjectKind;
 use crate::blob::{BlobId, BlobKind};
 use crate::index::{IndexFile, INDEX_VERSION};
-use crate::pack::read_trailer;
 use crate::repository::{random_name, RepoError, Repository, Result};
 use crate::snapshot::Snapshot;
 use crate::tree::NodeKind;
@@ -285,18 +284,20 @@ pub fn prune(repo: &mut Repository, repack_below: f64, dry_run: bool) -> Result<
     Ok(report)
 }
 
-/// The super-features of the whole chunks in packs about to be repacked, from their
-/// trailers, so that the copies stay findable as delta bases.
+/// The super-features of the whole chunks in packs about to be repacked, from the index
+/// files (which hold them), so that the copies stay findable as delta bases.
 fn feature_map(repo: &Repository, packs: &HashSet<u32>) -> Result<HashMap<BlobId, Vec<u64>>> {
+    let names: HashSet<&str> = packs.iter().map(|&no| repo.index().pack(no).0).collect();
     let mut out = HashMap::new();
-    for &no in packs {
-        let (name, _) = repo.index().pack(no);
-        let bytes = repo.backend().get(ObjectKind::Pack, name)?;
-        let trailer = read_trailer(repo.key(), &bytes, &format!("pack {name}"))
-            .map_err(RepoError::Damaged)?;
-        for b in trailer.blobs {
-            if b.kind == BlobKind::Data && !b.features.is_empty() {
-                out.insert(b.id, b.features);
+    for (index, _) in repo.backend().list(ObjectKind::Index)? {
+        for p in repo.read_index_file(&index)?.packs {
+            if !names.contains(p.name.as_str()) {
+                continue;
+            }
+            for b in p.contents.blobs {
+                if b.kind == BlobKind::Data && !b.features.is_empty() {
+                    out.insert(b.id, b.features);
+                }
             }
         }
     }

@@ -13,6 +13,14 @@ pub fn rfc3339(secs: i64) -> String {
     )
 }
 
+/// `time` as [`rfc3339`] (times before 1970 as 1970).
+pub fn rfc3339_at(time: std::time::SystemTime) -> String {
+    rfc3339(
+        time.duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64),
+    )
+}
+
 /// The proleptic Gregorian date (year, month, day) of a day number (days since 1970-01-01),
 /// after Howard Hinnant's `civil_from_days`.
 pub fn civil(z: i64) -> (i64, u32, u32) {
@@ -38,5 +46,6 @@ mod tests {
         assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
         assert_eq!(rfc3339(1_795_932_421), "2026-11-29T06:07:01Z");
         assert_eq!(rfc3339(-1), "1969-12-31T23:59:59Z");
+        assert_eq!(rfc3339(4_102_444_800), "2100-01-01T00:00:00Z");
     }
 }
