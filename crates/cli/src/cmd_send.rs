@@ -82,10 +82,10 @@ pub fn run(args: Args) -> Result<()> {
         crate::out_file::check_writable(path)?;
     }
 
-    let scanning = bar(args.quiet, "{spinner} scanning {bytes} {bytes_per_sec}");
-    let scan = manifest::scan(&args.src, &mut |n| scanning.inc(n))
-        .with_context(|| format!("scanning {}", args.src.display()))?;
-    scanning.finish_and_clear();
+    // Listed, not read: each file is read once, when the receiver asks for its hash (it holds
+    // a file of that size) or when it is sent.
+    let mut scan =
+        manifest::list(&args.src).with_context(|| format!("listing {}", args.src.display()))?;
     for p in &scan.skipped {
         eprintln!(
             "dedupwire send: warning: skipping {} (not a file, directory or symlink)",
@@ -156,7 +156,7 @@ pub fn run(args: Args) -> Result<()> {
         &mut channel,
         &args.src,
         name.as_bytes(),
-        &scan.manifest,
+        &mut scan,
         &opts,
         cache.as_ref(),
         &mut |done, total| {
@@ -209,8 +209,8 @@ pub fn run(args: Args) -> Result<()> {
             "name": name,
             "dry_run": args.dry_run,
             "resumed": resumed,
-            "bytes_read": scan.bytes_read + report.bytes_read,
-            "bytes_scanned": scan.bytes_read,
+            "bytes_read": report.bytes_hashed + report.bytes_read,
+            "bytes_scanned": report.bytes_hashed,
             "files_sent": report.files_sent,
             "files_delta": report.files_delta,
             "bytes_delta_files": report.bytes_delta_files,

@@ -187,3 +187,71 @@ fn a_sparse_file_of_gigabytes_is_sent_quickly_without_reading_its_holes() {
     drop(server);
     fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The files of `dir` (one level) by name, each hashed.
+fn hashes(dir: &Path) -> Vec<(String, String)> {
+    let mut v: Vec<_> = fs::read_dir(dir)
+        .unwrap()
+        .map(|d| {
+            let d = d.unwrap();
+            let hash = hash_file(&d.path()).to_hex().to_string();
+            (d.file_name().into_string().unwrap(), hash)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn every_file_is_read_once_per_send() {
+    let dir = tempdir("once");
+    let (src, root, cache) = (dir.join("src"), dir.join("root"), dir.join("cache"));
+    fs::create_dir_all(&src).unwrap();
+    fs::create_dir_all(&root).unwrap();
+    // Small files batched together, files read whole, and one streamed in pieces.
+    let mut total = 0;
+    let mut block = vec![0u8; 64 << 10];
+    for k in 0..150u64 {
+        noise(100 + k, &mut block);
+        fs::write(src.join(format!("small-{k:03}")), &block).unwrap();
+        total += block.len() as u64;
+    }
+    let mut mid = vec![0u8; 4 * MIB as usize];
+    for k in 0..3u64 {
+        noise(200 + k, &mut mid);
+        fs::write(src.join(format!("mid-{k}")), &mid).unwrap();
+        total += mid.len() as u64;
+    }
+    let mut big = vec![0u8; 20 * MIB as usize];
+    noise(300, &mut big);
+    fs::write(src.join("big"), &big).unwrap();
+    total += big.len() as u64;
+    let read_at_most = total + total / 20;
+
+    let server = Server::start(&root, &cache);
+    let (j, _) = send(&src, &server, "t", &cache);
+    drop(server);
+    assert_eq!(j["bytes_needed"], total);
+    let read = j["bytes_read"].as_u64().unwrap();
+    assert!(
+        read <= read_at_most,
+        "a first send read {read} bytes of a {total}-byte tree"
+    );
+    assert_eq!(hashes(&root.join("t")), hashes(&src));
+
+    // Again after one file grew: the rest is read once to be compared, that file once to
+    // be sent.
+    fs::write(src.join("small-007"), [&block[..], b"and more"].concat()).unwrap();
+    total += 8;
+    let server = Server::start(&root, &cache);
+    let (j, _) = send(&src, &server, "t", &cache);
+    drop(server);
+    assert_eq!(j["files_sent"], 1);
+    let read = j["bytes_read"].as_u64().unwrap();
+    assert!(
+        read <= read_at_most,
+        "a send of one grown file read {read} bytes of a {total}-byte tree"
+    );
+    assert_eq!(hashes(&root.join("t")), hashes(&src));
+    fs::remove_dir_all(&dir).unwrap();
+}

@@ -433,6 +433,7 @@ impl TreeRoot {
             dir,
             manifest: new,
             needed: Vec::new(),
+            unhashed: HashSet::new(),
             next: 0,
             writer: None,
             committed: false,
@@ -804,6 +805,8 @@ pub struct Staging<'a> {
     dir: PathBuf,
     manifest: Manifest,
     needed: Vec<usize>,
+    /// Needed files whose hash the sender gives at the end ([`Staging::settle`]).
+    unhashed: HashSet<usize>,
     next: usize,
     writer: Option<FileWriter>,
     committed: bool,
@@ -838,6 +841,49 @@ impl Staging<'_> {
     /// The new version's manifest.
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
+    }
+
+    /// Marks needed files whose hash the manifest does not hold yet: each takes the hash of
+    /// the contents written, to be checked against the sender's by [`Staging::settle`].
+    pub fn unhashed(&mut self, entries: &[usize]) {
+        self.unhashed.extend(entries);
+    }
+
+    /// Checks the hashes of the [unhashed](Staging::unhashed) files, in manifest order,
+    /// against the contents written, once every needed file is complete.
+    pub fn settle(&mut self, hashes: &[[u8; 32]]) -> Result<()> {
+        self.check_complete()?;
+        let mut unhashed: Vec<usize> = self.unhashed.iter().copied().collect();
+        unhashed.sort_unstable();
+        if unhashed.len() != hashes.len() {
+            return Err(Error::Protocol(format!(
+                "{} hashes for {} files hashed as sent",
+                hashes.len(),
+                unhashed.len()
+            )));
+        }
+        for (&i, h) in unhashed.iter().zip(hashes) {
+            let e = &self.manifest.entries[i];
+            if !matches!(e.kind, Kind::File { hash, .. } if hash == *h) {
+                return Err(Error::Mismatch(format!(
+                    "{}: the contents received do not match the sender's hash",
+                    e.display()
+                )));
+            }
+        }
+        self.unhashed.clear();
+        Ok(())
+    }
+
+    fn check_complete(&self) -> Result<()> {
+        if self.writer.is_some() || self.next != self.needed.len() {
+            return Err(Error::Protocol(format!(
+                "commit with {} of {} needed files complete",
+                self.next - usize::from(self.writer.is_some()),
+                self.needed.len()
+            )));
+        }
+        Ok(())
     }
 
     /// The next bytes of entry `index`: the file the sender is on, or the next needed one.
@@ -876,7 +922,7 @@ impl Staging<'_> {
                 written: 0,
             });
         }
-        let e = &self.manifest.entries[index];
+        let e = &mut self.manifest.entries[index];
         let Kind::File { size, hash } = e.kind else {
             unreachable!("only files are needed")
         };
@@ -901,7 +947,10 @@ impl Staging<'_> {
         if w.written == size {
             let mut w = self.writer.take().expect("present");
             w.file.finish(size).map_err(io_at(&w.path))?;
-            if *w.hasher.finalize().as_bytes() != hash {
+            let got = *w.hasher.finalize().as_bytes();
+            if self.unhashed.contains(&index) {
+                e.kind = Kind::File { size, hash: got };
+            } else if got != hash {
                 return Err(Error::Mismatch(format!(
                     "{}: the contents received do not match the manifest's hash",
                     e.display()
@@ -912,14 +961,15 @@ impl Staging<'_> {
         Ok(())
     }
 
-    /// Finishes the new version (directory metadata, fsync) and swaps it in atomically;
-    /// the old one is left to [`Retired::remove`].
+    /// Finishes the new version (directory metadata, fsync) and swaps it in atomically,
+    /// once every file is written and [settled](Staging::settle); the old one is left to
+    /// [`Retired::remove`].
     pub fn commit(mut self) -> Result<Retired> {
-        if self.writer.is_some() || self.next != self.needed.len() {
+        self.check_complete()?;
+        if !self.unhashed.is_empty() {
             return Err(Error::Protocol(format!(
-                "commit with {} of {} needed files complete",
-                self.next - usize::from(self.writer.is_some()),
-                self.needed.len()
+                "commit with {} files not checked against the sender's hash",
+                self.unhashed.len()
             )));
         }
         for e in self.manifest.entries.iter().rev() {

@@ -6,6 +6,7 @@
 //! ```text
 //! DIR/lock                 flock: shared while a send uses the cache, exclusive to sweep
 //! DIR/objects/ab/<hex>     a zstd frame of one file's contents, named by their BLAKE3
+//!                          (written as DIR/objects/.tmp-*, renamed when complete)
 //! DIR/dests/<hex>          "DWSC" 2 manifest: the tree last sent to one destination (named
 //!                          by BLAKE3 of HOST:PORT:NAME, first 16 bytes), the base of the
 //!                          next OFFER's manifest delta
@@ -188,21 +189,24 @@ impl SendCache {
         })
     }
 
-    /// A writer keeping a file of `size` bytes whose BLAKE3 is `hash` as it is read, so that
-    /// a big file is kept without being held whole; `None` when the cache has it already, does
-    /// not keep files that big, or this send has spent its bound.
-    pub(crate) fn writer(&self, hash: &[u8; 32], size: u64) -> Result<Option<ObjectWriter<'_>>> {
-        let path = self.object_path(hash);
+    /// A writer keeping a file of `size` bytes as it is read, so that a big file is kept
+    /// without being held whole (named by its BLAKE3 at [`ObjectWriter::finish`]); `None`
+    /// when the cache has it already (by `hash`, when known), does not keep files that big,
+    /// or this send has spent its bound.
+    pub(crate) fn writer(
+        &self,
+        hash: Option<&[u8; 32]>,
+        size: u64,
+    ) -> Result<Option<ObjectWriter<'_>>> {
         if size == 0
             || size > DELTA_MAX
-            || path.exists()
+            || hash.is_some_and(|h| self.object_path(h).exists())
             || self.budget.load(Ordering::Relaxed) < size / 2
         {
             return Ok(None);
         }
-        let dir = path.parent().expect("objects/ab/name");
-        fs::create_dir_all(dir).map_err(io_at(dir))?;
-        let tmp = temp_name(dir);
+        let dir = self.dir.join("objects");
+        let tmp = temp_name(&dir);
         let file = OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -213,7 +217,6 @@ impl SendCache {
             cache: self,
             enc: None,
             tmp,
-            path,
             size,
             written: 0,
         };
@@ -275,7 +278,7 @@ impl SendCache {
             else {
                 continue;
             };
-            let Some(mut w) = self.writer(&hash, size)? else {
+            let Some(mut w) = self.writer(Some(&hash), size)? else {
                 continue;
             };
             let mut r = SparseReader::new(f);
@@ -291,7 +294,7 @@ impl SendCache {
                 n += k as u64;
             }
             if n == size && *h.finalize().as_bytes() == hash {
-                w.finish()?;
+                w.finish(&hash)?;
                 added += 1;
             }
         }
@@ -341,6 +344,10 @@ impl SendCache {
         let mut kept = Vec::new();
         let mut total = 0u64;
         for sub in fs::read_dir(&objects).map_err(io_at(&objects))?.flatten() {
+            if is_temp(&sub.path()) {
+                let _ = fs::remove_file(sub.path());
+                continue;
+            }
             let Ok(files) = fs::read_dir(sub.path()) else {
                 continue;
             };
@@ -419,7 +426,6 @@ pub(crate) struct ObjectWriter<'a> {
     cache: &'a SendCache,
     enc: Option<zstd::stream::write::Encoder<'static, File>>,
     tmp: PathBuf,
-    path: PathBuf,
     size: u64,
     written: u64,
 }
@@ -443,13 +449,16 @@ impl ObjectWriter<'_> {
         Ok(())
     }
 
-    /// Puts the object in place once all its bytes were written (and checked against its
-    /// hash by the caller), if it fits what this send may still write.
-    pub(crate) fn finish(mut self) -> Result<()> {
+    /// Puts the object in place as `hash` once all its bytes were written (and checked
+    /// against their hash by the caller), if it fits what this send may still write.
+    pub(crate) fn finish(mut self, hash: &[u8; 32]) -> Result<()> {
         let enc = self.enc.take().expect("open until finished");
-        if self.written != self.size {
+        let path = self.cache.object_path(hash);
+        if self.written != self.size || path.exists() {
             return Ok(());
         }
+        let dir = path.parent().expect("objects/ab/name");
+        fs::create_dir_all(dir).map_err(io_at(dir))?;
         let file = enc.finish().map_err(io_at(&self.tmp))?;
         let n = file.metadata().map_err(io_at(&self.tmp))?.len();
         let fits = self
@@ -458,7 +467,7 @@ impl ObjectWriter<'_> {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(n))
             .is_ok();
         if fits {
-            fs::rename(&self.tmp, &self.path).map_err(io_at(&self.path))?;
+            fs::rename(&self.tmp, &path).map_err(io_at(&path))?;
         }
         Ok(())
     }

@@ -41,6 +41,14 @@ pub enum Error {
 /// A `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The error for a source file that is no longer as it was listed or hashed.
+pub(crate) fn changed_while_sent(path: &Path) -> Error {
+    Error::Mismatch(format!(
+        "{}: changed while being sent; run the send again",
+        path.display()
+    ))
+}
+
 /// Wraps an `io::Error` with the path it concerns.
 pub(crate) fn io_at(path: &Path) -> impl FnOnce(io::Error) -> Error + '_ {
     move |err| Error::Io {

@@ -19,7 +19,7 @@
 //! directories; what the source no longer has is deleted. Not preserved: owners and groups,
 //! access times, extended attributes and ACLs, hard links within the source (each path is
 //! sent and written as its own file). Devices, fifos and sockets are skipped (reported by
-//! [`manifest::scan`]). Formats: `crates/sync/FORMAT.md`.
+//! [`manifest::scan`] and [`manifest::list`]). Formats: `crates/sync/FORMAT.md`.
 #![deny(missing_docs)]
 
 mod ahead;

@@ -3,7 +3,8 @@
 //! the BLAKE3 hash of its contents.
 //!
 //! [`scan`] builds one from a directory without following symlinks (a symlink is recorded
-//! with its target text); devices, fifos and sockets are skipped and reported. The encoding
+//! with its target text); devices, fifos and sockets are skipped and reported. [`list`] does
+//! the same without reading a file: a sender hashes each file when it first reads it. The encoding
 //! ([`Manifest::encode`], byte layout in `crates/sync/FORMAT.md`) is versioned and
 //! checksummed, and [`Manifest::decode`] rejects anything malformed or hostile with an error:
 //! a receiver builds files from these paths, so a path must be relative, normalized (no
@@ -363,6 +364,50 @@ pub struct Scan {
     pub skipped: Vec<PathBuf>,
     /// Bytes read to hash the files.
     pub bytes_read: u64,
+    /// The files not read yet ([`list`]), in manifest order: their hash in the manifest is
+    /// all zeros until they are.
+    pub unread: Vec<Unread>,
+}
+
+/// How a file stood when it was listed: what tells that it changed since, short of reading
+/// it (a write changes its mtime and ctime, a replacement its inode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FileStat {
+    /// The device holding it.
+    pub dev: u64,
+    /// Its inode.
+    pub ino: u64,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its modification time (ns).
+    pub mtime_ns: i64,
+    /// Its status change time (ns).
+    pub ctime_ns: i64,
+}
+
+impl FileStat {
+    /// The stat of `md`.
+    pub fn of(md: &fs::Metadata) -> FileStat {
+        FileStat {
+            dev: md.dev(),
+            ino: md.ino(),
+            size: md.len(),
+            mtime_ns: mtime_ns(md),
+            ctime_ns: md
+                .ctime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(md.ctime_nsec()),
+        }
+    }
+}
+
+/// A listed file whose contents were not read: its manifest entry and how it stood.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unread {
+    /// Its index in the manifest.
+    pub index: usize,
+    /// Its stat when listed.
+    pub stat: FileStat,
 }
 
 /// A scanned entry's mtime in nanoseconds, refused when it does not fit (before 1677 or after
@@ -388,14 +433,38 @@ pub fn mtime_ns(md: &fs::Metadata) -> i64 {
         .saturating_add(md.mtime_nsec())
 }
 
-/// BLAKE3 of a file's contents and its length, read without following a symlink; `on_read`
-/// sees the length of every block read from the disk (a hole is hashed as zeros unread).
-pub fn hash_file(path: &Path, on_read: &mut dyn FnMut(u64)) -> Result<([u8; 32], u64)> {
-    let f = OpenOptions::new()
+/// BLAKE3 of the file at `path`, read without following a symlink, if it is still as
+/// `stat` says (same inode, size and times after the read; else the file changed since it was
+/// listed, an [`Error::Mismatch`]); `on_read` sees the bytes read from the disk.
+pub fn hash_unchanged(
+    path: &Path,
+    stat: &FileStat,
+    on_read: &mut dyn FnMut(u64),
+) -> Result<[u8; 32]> {
+    let f = open_nofollow(path)?;
+    let mut r = SparseReader::new(f);
+    let (hash, n) = READ_BUF.with(|b| match b.try_borrow_mut() {
+        Ok(mut buf) => hash_into(&mut r, path, on_read, &mut buf),
+        Err(_) => hash_into(&mut r, path, on_read, &mut vec![0; 1 << 20]),
+    })?;
+    if n != stat.size || r.stat().map_err(io_at(path))? != *stat {
+        return Err(crate::error::changed_while_sent(path));
+    }
+    Ok(hash)
+}
+
+fn open_nofollow(path: &Path) -> Result<File> {
+    OpenOptions::new()
         .read(true)
         .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
         .open(path)
-        .map_err(io_at(path))?;
+        .map_err(io_at(path))
+}
+
+/// BLAKE3 of a file's contents and its length, read without following a symlink; `on_read`
+/// sees the length of every block read from the disk (a hole is hashed as zeros unread).
+pub fn hash_file(path: &Path, on_read: &mut dyn FnMut(u64)) -> Result<([u8; 32], u64)> {
+    let f = open_nofollow(path)?;
     let mut r = SparseReader::new(f);
     READ_BUF.with(|b| match b.try_borrow_mut() {
         Ok(mut buf) => hash_into(&mut r, path, on_read, &mut buf),
@@ -548,6 +617,11 @@ impl SparseReader {
         })
     }
 
+    /// The open file's stat now.
+    pub(crate) fn stat(&self) -> std::io::Result<FileStat> {
+        Ok(FileStat::of(&self.f.metadata()?))
+    }
+
     /// Fills `buf` whole; false if the file ended first (then `buf` holds what there was).
     /// Adds to `disk` the bytes read from the disk.
     pub(crate) fn read_full(&mut self, buf: &mut [u8], disk: &mut u64) -> std::io::Result<bool> {
@@ -569,6 +643,24 @@ impl SparseReader {
 /// Walks the directory `root` without following symlinks and hashes every file.
 /// `on_read` sees the bytes read as they are (for a progress display).
 pub fn scan(root: &Path, on_read: &mut dyn FnMut(u64)) -> Result<Scan> {
+    let mut scan = list(root)?;
+    let files: Vec<(usize, PathBuf)> = scan
+        .unread
+        .drain(..)
+        .map(|u| {
+            (
+                u.index,
+                root.join(scan.manifest.entries[u.index].rel_path()),
+            )
+        })
+        .collect();
+    scan.bytes_read = hash_all(&mut scan.manifest, &files, on_read)?;
+    Ok(scan)
+}
+
+/// Walks the directory `root` without following symlinks, reading no file: every file but
+/// an empty one is [`Scan::unread`], its hash left to whoever reads it.
+pub fn list(root: &Path) -> Result<Scan> {
     let md = fs::metadata(root).map_err(io_at(root))?;
     if !md.is_dir() {
         return Err(Error::Refused(format!(
@@ -584,15 +676,13 @@ pub fn scan(root: &Path, on_read: &mut dyn FnMut(u64)) -> Result<Scan> {
         },
         ..Scan::default()
     };
-    let mut files = Vec::new();
-    walk(root, &[], &mut scan, &mut files)?;
-    scan.bytes_read = hash_all(&mut scan.manifest, &files, on_read)?;
+    walk(root, &[], &mut scan)?;
     scan.manifest.validate()?;
     Ok(scan)
 }
 
 /// Threads hashing a scan's files, at most.
-const HASH_THREADS: usize = 4;
+pub(crate) const HASH_THREADS: usize = 4;
 
 /// Hashes the files `(entry index, path)` into their entries on a few threads (on trees of
 /// many small files the opens and reads, not BLAKE3, cost); returns the bytes read. The
@@ -627,9 +717,9 @@ fn hash_all(
     Ok(total)
 }
 
-/// Lists `dir` into `scan` in tree order; files get their hash later (`files`: entry index
-/// and path of each).
-fn walk(dir: &Path, rel: &[u8], scan: &mut Scan, files: &mut Vec<(usize, PathBuf)>) -> Result<()> {
+/// Lists `dir` into `scan` in tree order; files but empty ones get their hash later
+/// ([`Scan::unread`]).
+fn walk(dir: &Path, rel: &[u8], scan: &mut Scan) -> Result<()> {
     let mut names = Vec::new();
     for d in fs::read_dir(dir).map_err(io_at(dir))? {
         names.push(d.map_err(io_at(dir))?.file_name());
@@ -647,12 +737,20 @@ fn walk(dir: &Path, rel: &[u8], scan: &mut Scan, files: &mut Vec<(usize, PathBuf
         let (kind, mode) = if ft.is_dir() {
             (Kind::Dir, md.mode() & MODE_MASK)
         } else if ft.is_file() {
-            files.push((scan.manifest.entries.len(), path.clone()));
-            let unhashed = Kind::File {
+            let mut hash = [0; 32];
+            if md.len() == 0 {
+                hash = *blake3::hash(b"").as_bytes();
+            } else {
+                scan.unread.push(Unread {
+                    index: scan.manifest.entries.len(),
+                    stat: FileStat::of(&md),
+                });
+            }
+            let kind = Kind::File {
                 size: md.len(),
-                hash: [0; 32],
+                hash,
             };
-            (unhashed, md.mode() & MODE_MASK)
+            (kind, md.mode() & MODE_MASK)
         } else if ft.is_symlink() {
             let target = fs::read_link(&path).map_err(io_at(&path))?;
             (
@@ -673,7 +771,7 @@ fn walk(dir: &Path, rel: &[u8], scan: &mut Scan, files: &mut Vec<(usize, PathBuf
             mtime_ns: exact_mtime_ns(&md, &path)?,
         });
         if is_dir {
-            walk(&path, &rp, scan, files)?;
+            walk(&path, &rp, scan)?;
         }
     }
     Ok(())

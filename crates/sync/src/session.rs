@@ -1,9 +1,13 @@
 //! The send/serve conversation over a [`DedupStream`]: messages in `crates/sync/FORMAT.md`.
 //!
-//! 1. The sender sends OFFER: the tree's name, flags (dry run) and its manifest, whole or
+//! 1. The sender sends OFFER: the tree's name, flags (dry run), the files it has not read
+//!    (their hashes unknown: it lists a tree without reading it) and its manifest, whole or
 //!    as a delta against the manifest it last sent there (from its [`SendCache`]; a receiver
 //!    whose tree is another answers RESEND and gets it whole).
-//! 2. The receiver checks both, reserves the name, compares the manifest to its current tree,
+//! 2. The receiver asks (QUERY) for the hashes of the unread files it might hold (a file of
+//!    its current tree has the same size), which the sender reads to answer (ANSWER); every
+//!    other unread file is new to it. So each file is read once: to answer, or to send.
+//!    The receiver checks both, reserves the name, compares the manifest to its current tree,
 //!    builds what it can locally in staging, and answers PLAN: what changes, which files'
 //!    contents it needs (those it finds nowhere in its current tree), in order, and the hash
 //!    prefix of its old version of each, where it has one at the same path.
@@ -13,13 +17,16 @@
 //!    against its old version when the cache holds that version (zstd with the base as a
 //!    reference prefix for big binaries, our codec otherwise; files over
 //!    [`WHOLE_MAX`] with ours, segment by segment, see `window`); the receiver writes them
-//!    into staging and checks each file's BLAKE3 against the manifest.
+//!    into staging and checks each file's BLAKE3 against the manifest. An unread file is
+//!    hashed as it is read, and its hash checked once it is read whole against how it was
+//!    listed (inode, size, mtime, ctime: a file changed since is an error).
 //!
 //! The sender holds a bounded amount whatever the files' sizes: files over [`WHOLE_MAX`]
 //! are read in pieces (holes unread), within a read-ahead budget (see `ahead`), and streamed
 //! into the channel; the cache keeps them as they are read. A 1 GiB file took 1.39 GB of
 //! resident memory to send, 229 MiB since (most of it the channel's store and window).
-//! 4. The sender sends COMMIT; the receiver swaps the new version in and answers DONE.
+//! 4. The sender sends COMMIT with the hashes of the unread files it sent; the receiver
+//!    checks them against the contents it wrote, swaps the new version in and answers DONE.
 //!
 //! Either end may send ERROR (text) instead of its next message and stop. Every message
 //! travels through the dedup channel, so contents the receiver's chunk store holds (from
@@ -29,11 +36,12 @@
 //! travel compressed without the chunk exchange and neither end keeps them (a cut-off send
 //! encodes and sends those deltas again).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::OpenOptions;
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc::TryRecvError;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,14 +54,18 @@ use dedupwire_wire::{ChannelStats, ChunkStore, DedupStream};
 
 use crate::apply::{Peer, Retired, Source, TreeRoot};
 use crate::cache::{SendCache, DELTA_MAX};
-use crate::error::{io_at, Error, Result};
-use crate::manifest::{hash_zeros, Kind, Manifest, SparseReader};
+use crate::error::{changed_while_sent, io_at, Error, Result};
+use crate::manifest::{
+    hash_unchanged, hash_zeros, Entry, FileStat, Kind, Manifest, Scan, SparseReader, HASH_THREADS,
+};
 use crate::plan::{self, Change, Diff};
 use crate::window;
 
 /// The session protocol's version (in OFFER).
-pub const SESSION_VERSION: u8 = 4;
+pub const SESSION_VERSION: u8 = 5;
 const OFFER: u8 = b'O';
+const QUERY: u8 = b'Q';
+const ANSWER: u8 = b'A';
 const PLAN: u8 = b'P';
 const DATA: u8 = b'D';
 const COMMIT: u8 = b'C';
@@ -63,6 +75,9 @@ const RESEND: u8 = b'R';
 /// OFFER's manifest: whole, or a delta against the manifest of the receiver's current tree.
 const FORM_FULL: u8 = 0;
 const FORM_DELTA: u8 = 1;
+/// The longest a sender hashing files for a QUERY goes without sending an ANSWER (its
+/// peer's idle timeout is minutes).
+const ANSWER_EVERY: Duration = Duration::from_secs(10);
 /// The largest manifest a delta may rebuild.
 const MANIFEST_MAX: usize = 1 << 30;
 const FLAG_DRY_RUN: u8 = 1;
@@ -187,6 +202,9 @@ pub struct SendReport {
     pub bytes_needed: u64,
     /// Bytes read from the source files while sending.
     pub bytes_read: u64,
+    /// Bytes read to hash the files the receiver asked about before its plan (it held files
+    /// of their sizes).
+    pub bytes_hashed: u64,
     /// Files sent as a delta against the version the receiver holds.
     pub files_delta: u64,
     /// Those files' bytes.
@@ -304,8 +322,14 @@ fn recv_msg<S: Read + Write>(stream: &mut DedupStream<S>) -> Result<Vec<u8>> {
     Ok(stream.recv()?)
 }
 
-/// Sends the tree at `src` (scanned into `manifest`) as `name`; `progress(done, total)` sees
-/// content bytes as they go. Returns once the receiver has swapped the new version in.
+/// Sends the tree at `src` (listed or scanned into `scan`) as `name`; `progress(done,
+/// total)` sees the bytes hashed for the receiver's questions, then the content bytes sent,
+/// as they go. Returns once the receiver has swapped the new version in; `scan`'s manifest
+/// then holds the hash of every file ([`Scan::unread`] is empty), unless it was a dry run.
+///
+/// Each file is read once: a file [`Scan::unread`] is hashed before the plan only if the
+/// receiver holds a file of its size (it may be unchanged, or elsewhere in its tree), else
+/// hashed as it is sent, its hash sent with COMMIT.
 ///
 /// With a `cache`, a changed file whose old version (as the receiver names it) the cache
 /// holds travels as a delta against it, and every file sent is kept in the cache for next
@@ -314,7 +338,7 @@ pub fn send<S: Read + Write>(
     stream: &mut DedupStream<S>,
     src: &Path,
     name: &[u8],
-    manifest: &Manifest,
+    scan: &mut Scan,
     opts: &SendOptions,
     cache: Option<&SendCache>,
     progress: &mut dyn FnMut(u64, u64),
@@ -327,8 +351,12 @@ pub fn send<S: Read + Write>(
     ];
     put_u16(&mut offer, name.len());
     offer.extend_from_slice(name);
+    put_u32(&mut offer, scan.unread.len());
+    for u in &scan.unread {
+        put_u32(&mut offer, u.index);
+    }
     let head = offer.len();
-    let encoded = manifest.encode();
+    let encoded = scan.manifest.encode();
     match cache.and_then(SendCache::last_manifest) {
         Some(base) => {
             offer.push(FORM_DELTA);
@@ -350,12 +378,20 @@ pub fn send<S: Read + Write>(
         send_msg(stream, &offer)?;
         plan = recv_msg(stream)?;
     }
+    drop(offer);
+    let mut bytes_hashed = 0;
+    if plan.first() == Some(&QUERY) {
+        bytes_hashed = answer(stream, src, scan, &plan, progress)?;
+        plan = recv_msg(stream)?;
+    }
+    let manifest = &scan.manifest;
     let (diff, need, bases) = parse_plan(&plan, manifest)?;
     let bytes_needed: u64 = need.iter().map(|&i| manifest.entries[i].size()).sum();
     let mut report = SendReport {
         diff,
         files_sent: need.len() as u64,
         bytes_needed,
+        bytes_hashed,
         ..SendReport::default()
     };
     if opts.dry_run {
@@ -378,6 +414,8 @@ pub fn send<S: Read + Write>(
         .unzip();
     let (keep_tx, keep_rx) = std::sync::mpsc::sync_channel::<Kept>(1);
     let ahead = Ahead::new(AHEAD_BYTES, AHEAD_PASS);
+    let unread: HashMap<usize, FileStat> = scan.unread.iter().map(|u| (u.index, u.stat)).collect();
+    let mut hashed: HashMap<usize, [u8; 32]> = HashMap::new();
     let job = Job {
         src,
         manifest,
@@ -385,6 +423,7 @@ pub fn send<S: Read + Write>(
         cache,
         whole_max: opts.whole_file_max.min(DELTA_MAX),
         ahead: &ahead,
+        unread: &unread,
     };
     std::thread::scope(|scope| -> Result<()> {
         let keeper = scope.spawn(move || {
@@ -478,7 +517,7 @@ pub fn send<S: Read + Write>(
         let mut failed = None;
         for h in handles {
             match h.join().expect("a producer does not panic") {
-                Ok(p) => produced.add(&p),
+                Ok(p) => produced.add(p),
                 Err(e) => {
                     failed.get_or_insert(e);
                 }
@@ -498,17 +537,130 @@ pub fn send<S: Read + Write>(
         report.files_delta = produced.files_delta;
         report.bytes_delta_files = produced.bytes_delta_files;
         report.delta_bytes = produced.delta_bytes;
+        hashed = produced.hashes;
+        let mut commit = vec![COMMIT];
+        for i in need.iter().filter(|i| unread.contains_key(i)) {
+            let hash = hashed.get(i).ok_or_else(|| {
+                Error::Protocol(format!("entry {i} was sent without being hashed"))
+            })?;
+            commit.extend_from_slice(hash);
+        }
         out.flush(stream)?;
         progress(done, bytes_needed);
-        send_msg(stream, &[COMMIT])?;
+        send_msg(stream, &commit)?;
         let m = recv_msg(stream)?;
         expect(&m, DONE, "DONE")?;
         report.cache_warning = keeper.join().expect("the keeper does not panic");
         Ok(())
     })?;
+    for (&i, h) in &hashed {
+        if let Kind::File { hash, .. } = &mut scan.manifest.entries[i].kind {
+            *hash = *h;
+        }
+    }
+    scan.unread.retain(|u| !hashed.contains_key(&u.index));
     report.channel = stream.stats();
     report.elapsed = started.elapsed();
     Ok(report)
+}
+
+/// Answers the receiver's QUERY: hashes the files it asks about (files of `scan` not read
+/// yet), sends their hashes and puts them in the manifest. Returns the bytes read.
+fn answer<S: Read + Write>(
+    stream: &mut DedupStream<S>,
+    src: &Path,
+    scan: &mut Scan,
+    query: &[u8],
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<u64> {
+    let mut c = Cursor {
+        buf: query,
+        pos: 1,
+        what: "QUERY",
+    };
+    let n = c.u32()?;
+    let mut asked = Vec::with_capacity(n.min(scan.unread.len()));
+    let mut at = 0;
+    for _ in 0..n {
+        let i = c.u32()?;
+        while scan.unread.get(at).is_some_and(|u| u.index < i) {
+            at += 1;
+        }
+        if scan.unread.get(at).is_none_or(|u| u.index != i) {
+            return Err(Error::Protocol(format!("QUERY asks for entry {i}")));
+        }
+        asked.push(scan.unread[at]);
+        at += 1;
+    }
+    if !c.done() {
+        return Err(Error::Protocol("bytes after the QUERY".into()));
+    }
+    let total = asked.iter().map(|u| u.stat.size).sum();
+    let read = AtomicU64::new(0);
+    let next = AtomicUsize::new(0);
+    let manifest = &scan.manifest;
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, HASH_THREADS)
+        .min(asked.len());
+    let mut hashes: Vec<Option<[u8; 32]>> = vec![None; asked.len()];
+    std::thread::scope(|scope| -> Result<()> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..threads {
+            let tx = tx.clone();
+            let (read, next, asked) = (&read, &next, &asked);
+            scope.spawn(move || loop {
+                let k = next.fetch_add(1, Relaxed);
+                let Some(u) = asked.get(k) else { break };
+                let path = src.join(manifest.entries[u.index].rel_path());
+                let r = hash_unchanged(&path, &u.stat, &mut |n| {
+                    read.fetch_add(n, Relaxed);
+                });
+                if tx.send((k, r)).is_err() {
+                    break;
+                }
+            });
+        }
+        drop(tx);
+        // The hashes go in order as they are ready, at least one ANSWER (maybe of none)
+        // every ANSWER_EVERY: a long hash does not look like a peer gone.
+        let mut sent = 0;
+        let mut last = Instant::now();
+        while sent < hashes.len() {
+            match rx.recv_timeout(ANSWER_EVERY.saturating_sub(last.elapsed())) {
+                Ok((k, Ok(h))) => hashes[k] = Some(h),
+                Ok((_, Err(e))) => {
+                    next.store(asked.len(), Relaxed);
+                    return Err(e);
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(Error::Protocol("a file asked about was not hashed".into()));
+                }
+            }
+            progress(read.load(Relaxed), total);
+            let ready = hashes[sent..].iter().take_while(|h| h.is_some()).count();
+            if sent + ready == hashes.len() || last.elapsed() >= ANSWER_EVERY {
+                let mut reply = Vec::with_capacity(1 + 32 * ready);
+                reply.push(ANSWER);
+                for h in hashes[sent..sent + ready].iter().flatten() {
+                    reply.extend_from_slice(h);
+                }
+                send_msg(stream, &reply)?;
+                sent += ready;
+                last = Instant::now();
+            }
+        }
+        Ok(())
+    })?;
+    for (u, h) in asked.iter().zip(hashes.into_iter().flatten()) {
+        if let Kind::File { hash, .. } = &mut scan.manifest.entries[u.index].kind {
+            *hash = h;
+        }
+    }
+    let done: HashSet<usize> = asked.iter().map(|u| u.index).collect();
+    scan.unread.retain(|u| !done.contains(&u.index));
+    Ok(read.into_inner())
 }
 
 /// What the producer hands the channel: a whole file (its contents or its delta), or the
@@ -548,6 +700,44 @@ struct Job<'a> {
     /// Files above this are streamed in pieces.
     whole_max: u64,
     ahead: &'a Ahead,
+    /// The files whose hash is not known yet, and how they stood when listed.
+    unread: &'a HashMap<usize, FileStat>,
+}
+
+impl Job<'_> {
+    /// The hash of file `i`, read through `f` from `path` and hashed as `got`, if the file
+    /// is as it was: the manifest's hash, or for a file not read before, the inode, size and
+    /// times it was listed with (then `got` is its hash, noted in `p`).
+    fn settle(
+        &self,
+        i: usize,
+        f: &SparseReader,
+        path: &Path,
+        got: [u8; 32],
+        p: &mut Produced,
+    ) -> Result<[u8; 32]> {
+        match self.unread.get(&i) {
+            Some(stat) => {
+                if f.stat().map_err(io_at(path))? != *stat {
+                    return Err(changed_while_sent(path));
+                }
+                p.hashes.insert(i, got);
+            }
+            None => match self.manifest.entries[i].kind {
+                Kind::File { hash, .. } if hash == got => {}
+                _ => return Err(changed_while_sent(path)),
+            },
+        }
+        Ok(got)
+    }
+
+    /// The hash of file `i` if it is known before reading it.
+    fn known(&self, i: usize) -> Option<&[u8; 32]> {
+        match &self.manifest.entries[i].kind {
+            Kind::File { hash, .. } if !self.unread.contains_key(&i) => Some(hash),
+            _ => None,
+        }
+    }
 }
 
 /// Files up to this size are read whole by default ([`SendOptions::whole_file_max`]): with
@@ -576,11 +766,12 @@ impl Produced {
         self.delta_bytes += delta as u64;
     }
 
-    fn add(&mut self, o: &Produced) {
+    fn add(&mut self, o: Produced) {
         self.bytes_read += o.bytes_read;
         self.files_delta += o.files_delta;
         self.bytes_delta_files += o.bytes_delta_files;
         self.delta_bytes += o.delta_bytes;
+        self.hashes.extend(o.hashes);
     }
 }
 
@@ -594,6 +785,8 @@ struct Produced {
     files_delta: u64,
     bytes_delta_files: u64,
     delta_bytes: u64,
+    /// The hashes of the files not read before, as they were read to be sent.
+    hashes: HashMap<usize, [u8; 32]>,
 }
 
 /// Reads the files `need` (position in sending order, manifest index) in order, checks them
@@ -667,9 +860,7 @@ fn whole<'a>(
     tx: &std::sync::mpsc::SyncSender<Payload<'a>>,
     p: &mut Produced,
 ) -> Result<Sent> {
-    let Kind::File { size, hash } = job.manifest.entries[i].kind else {
-        unreachable!("a file")
-    };
+    let size = job.manifest.entries[i].size();
     // The file, and with a base: the base, the delta and the codec's index of the base.
     let cost = found.map_or(size, |(.., len)| 2 * size + 2 * len);
     let Some(taken) = job.ahead.take(k, cost) else {
@@ -677,10 +868,10 @@ fn whole<'a>(
     };
     let taken = Arc::new(taken);
     let mut data = vec![0; size as usize];
-    read_full(&mut open_source(path)?, path, &mut data, &mut p.bytes_read)?;
-    if *blake3::hash(&data).as_bytes() != hash {
-        return Err(changed_while_sent(path));
-    }
+    let mut f = open_source(path)?;
+    read_full(&mut f, path, &mut data, &mut p.bytes_read)?;
+    let hash = job.settle(i, &f, path, *blake3::hash(&data).as_bytes(), p)?;
+    drop(f);
     let data = Arc::new(data);
     // Into the cache while the delta is encoded, not after: a big file's compression
     // would otherwise be left over when the receiver is done.
@@ -724,9 +915,7 @@ fn windowed<'a>(
     tx: &std::sync::mpsc::SyncSender<Payload<'a>>,
     p: &mut Produced,
 ) -> Result<Sent> {
-    let Kind::File { size, hash } = job.manifest.entries[i].kind else {
-        unreachable!("a file")
-    };
+    let size = job.manifest.entries[i].size();
     let Some(base) = cache.base_stream(prefix) else {
         return Ok(Sent::No);
     };
@@ -735,7 +924,7 @@ fn windowed<'a>(
         return Ok(Sent::Stop);
     };
     let mut f = open_source(path)?;
-    let mut kept = cache.writer(&hash, size).ok().flatten();
+    let mut kept = cache.writer(job.known(i), size).ok().flatten();
     let mut d = window::WindowedDelta::new(base, len, size, limit);
     let mut h = blake3::Hasher::new();
     let mut segment = vec![0; window::SEGMENT];
@@ -755,11 +944,9 @@ fn windowed<'a>(
             return Ok(Sent::No);
         }
     }
-    if *h.finalize().as_bytes() != hash {
-        return Err(changed_while_sent(path));
-    }
+    let hash = job.settle(i, &f, path, *h.finalize().as_bytes(), p)?;
     if let Some(w) = kept {
-        let _ = w.finish();
+        let _ = w.finish(&hash);
     }
     drop(segment);
     let (delta, base) = d.finish();
@@ -786,11 +973,11 @@ fn pieces<'a>(
     tx: &std::sync::mpsc::SyncSender<Payload<'a>>,
     p: &mut Produced,
 ) -> Result<Sent> {
-    let Kind::File { size, hash } = job.manifest.entries[i].kind else {
-        unreachable!("a file")
-    };
+    let size = job.manifest.entries[i].size();
     let mut f = open_source(path)?;
-    let mut kept = job.cache.and_then(|c| c.writer(&hash, size).ok().flatten());
+    let mut kept = job
+        .cache
+        .and_then(|c| c.writer(job.known(i), size).ok().flatten());
     let mut h = blake3::Hasher::new();
     let mut left = size;
     while left > 0 {
@@ -821,11 +1008,9 @@ fn pieces<'a>(
         }
         let last = left == 0;
         if last {
-            if *h.finalize().as_bytes() != hash {
-                return Err(changed_while_sent(path));
-            }
+            let hash = job.settle(i, &f, path, *h.finalize().as_bytes(), p)?;
             if let Some(w) = kept.take() {
-                let _ = w.finish();
+                let _ = w.finish(&hash);
             }
         }
         let payload = match piece {
@@ -846,13 +1031,6 @@ fn pieces<'a>(
         }
     }
     Ok(Sent::Yes)
-}
-
-fn changed_while_sent(path: &Path) -> Error {
-    Error::Mismatch(format!(
-        "{}: changed while being sent; run the send again",
-        path.display()
-    ))
 }
 
 /// Fills `buf` from `f`, adding to `disk` what was read from the disk; a file shorter than
@@ -1158,6 +1336,17 @@ fn serve_inner<S: Read + Write>(
     let dry_run = flags & FLAG_DRY_RUN != 0;
     let nlen = c.u16()?;
     let name = c.take(nlen)?.to_vec();
+    let count = c.u32()?;
+    let mut unread = Vec::with_capacity(count.min(offer.len() / 4));
+    for _ in 0..count {
+        let i = c.u32()?;
+        if unread.last().is_some_and(|&l| l >= i) {
+            return Err(Error::Protocol(format!(
+                "OFFER lists entry {i} as unread out of order"
+            )));
+        }
+        unread.push(i);
+    }
     report.name = String::from_utf8_lossy(&name).into_owned();
     report.dry_run = dry_run;
     let lock = root.lock_as(&name, peer)?;
@@ -1165,7 +1354,7 @@ fn serve_inner<S: Read + Write>(
     let (old, mut verifier) = root.current_checked(&name)?;
     let (head, header) = (c.pos, offer[..c.pos].to_vec());
     let form = c.take(1)?[0];
-    let new = match form {
+    let mut new = match form {
         FORM_FULL => Manifest::decode(&offer[c.pos..])?,
         FORM_DELTA => {
             let base_hash = c.take(32)?;
@@ -1191,8 +1380,56 @@ fn serve_inner<S: Read + Write>(
         }
         _ => return Err(Error::Protocol(format!("OFFER manifest form {form:#04x}"))),
     };
+    for &i in &unread {
+        match new.entries.get(i).map(|e| &e.kind) {
+            Some(&Kind::File { size, hash }) if size > 0 && hash == [0; 32] => {}
+            _ => {
+                return Err(Error::Protocol(format!(
+                    "OFFER lists entry {i} as unread: not a file of at least one byte with \
+                     a zero hash"
+                )))
+            }
+        }
+    }
+    // Unread files that may be here (a file of this tree has their size) are hashed by the
+    // sender now; the others are new to this end and hashed as they arrive.
+    let sizes: HashSet<u64> = old.entries.iter().map(Entry::size).collect();
+    let (asked, unread): (Vec<usize>, Vec<usize>) = unread
+        .into_iter()
+        .partition(|&i| sizes.contains(&new.entries[i].size()));
+    if !asked.is_empty() {
+        let mut query = vec![QUERY];
+        put_u32(&mut query, asked.len());
+        for &i in &asked {
+            put_u32(&mut query, i);
+        }
+        stream.send(&query)?;
+        let mut answered = 0;
+        while answered < asked.len() {
+            let answer = recv_msg(stream)?;
+            expect(&answer, ANSWER, "ANSWER")?;
+            let n = (answer.len() - 1) / 32;
+            if (answer.len() - 1) % 32 != 0 || answered + n > asked.len() {
+                return Err(Error::Protocol(format!(
+                    "an ANSWER of {} bytes, {answered} of {} files answered before",
+                    answer.len(),
+                    asked.len()
+                )));
+            }
+            for (&i, h) in asked[answered..].iter().zip(answer[1..].chunks_exact(32)) {
+                new.entries[i].kind = Kind::File {
+                    size: new.entries[i].size(),
+                    hash: h.try_into().expect("32 bytes"),
+                };
+            }
+            answered += n;
+        }
+    }
     let diff = plan::diff(&old, &new);
-    let sources = root.resolve(&mut verifier, &old, &new);
+    let mut sources = root.resolve(&mut verifier, &old, &new);
+    for &i in &unread {
+        sources[i] = Source::Sender;
+    }
     let mut plan = vec![PLAN];
     for v in [
         diff.files_new,
@@ -1237,6 +1474,7 @@ fn serve_inner<S: Read + Write>(
     let mut bases = delta_bases(&old, &new, &needed);
     bases.retain(|_, &mut j| verifier.check(&old, j));
     let mut staging = root.begin(&lock, &old, new, &sources)?;
+    staging.unhashed(&unread);
     debug_assert_eq!(staging.needed(), &needed[..]);
     put_needed(&mut plan, staging.needed());
     put_u32(&mut plan, bases.len());
@@ -1312,12 +1550,24 @@ fn serve_inner<S: Read + Write>(
                     }
                 }
             }
-            Some(&COMMIT) if m.len() == 1 => {
+            Some(&COMMIT) => {
                 if let Some((p, ..)) = pending {
                     return Err(Error::Protocol(format!(
                         "COMMIT while the delta of entry {p} is incomplete"
                     )));
                 }
+                if m.len() != 1 + 32 * unread.len() {
+                    return Err(Error::Protocol(format!(
+                        "a COMMIT of {} bytes for {} files hashed as sent",
+                        m.len(),
+                        unread.len()
+                    )));
+                }
+                let hashes: Vec<[u8; 32]> = m[1..]
+                    .chunks_exact(32)
+                    .map(|h| h.try_into().expect("32 bytes"))
+                    .collect();
+                staging.settle(&hashes)?;
                 break;
             }
             _ => expect(&m, COMMIT, "DATA or COMMIT")?,

@@ -39,6 +39,26 @@ fn session_with(
     Result<dedupwire_sync::SendReport, Error>,
     Result<ServeReport, Error>,
 ) {
+    let mut scan = manifest::Scan {
+        manifest: manifest.clone(),
+        ..Default::default()
+    };
+    session_scan(root, src, name, &mut scan, cache, opts)
+}
+
+/// [`session_with`] of a tree as listed (or scanned): files not read yet are hashed as the
+/// session goes, into `scan`.
+fn session_scan(
+    root: &Path,
+    src: &Path,
+    name: &[u8],
+    scan: &mut manifest::Scan,
+    cache: Option<&SendCache>,
+    opts: &SendOptions,
+) -> (
+    Result<dedupwire_sync::SendReport, Error>,
+    Result<ServeReport, Error>,
+) {
     let (a, b) = UnixStream::pair().unwrap();
     let root = root.to_path_buf();
     let server = std::thread::spawn(move || {
@@ -55,7 +75,7 @@ fn session_with(
         Role::Connect,
     )
     .unwrap();
-    let sent = send(&mut c, src, name, manifest, opts, cache, &mut |_, _| {});
+    let sent = send(&mut c, src, name, scan, opts, cache, &mut |_, _| {});
     drop(c);
     (sent, server.join().unwrap())
 }
@@ -217,13 +237,14 @@ fn send_cached(
     Result<dedupwire_sync::SendReport, Error>,
     Result<ServeReport, Error>,
 ) {
-    let m = tree_of(src);
+    let mut scan = manifest::list(src).unwrap();
     let cache = SendCache::open(cache_dir, "peer:1:t", DEFAULT_MAX_BYTES).unwrap();
-    let (sent, served) = session_with(root, src, b"t", &m, Some(&cache), opts);
+    let (sent, served) = session_scan(root, src, b"t", &mut scan, Some(&cache), opts);
     if sent.is_ok() {
-        cache.finish(&m).unwrap();
+        assert!(scan.unread.is_empty());
+        cache.finish(&scan.manifest).unwrap();
     }
-    (m, sent, served)
+    (scan.manifest, sent, served)
 }
 
 fn tree_of(dir: &Path) -> Manifest {
@@ -343,7 +364,7 @@ fn hostile_data(root: &Path, src: &Path, data: Vec<u8>) -> Result<ServeReport, E
         Role::Connect,
     )
     .unwrap();
-    let mut offer = vec![b'O', SESSION_VERSION, 0, 1, 0, b't', 0];
+    let mut offer = vec![b'O', SESSION_VERSION, 0, 1, 0, b't', 0, 0, 0, 0, 0];
     offer.extend_from_slice(&m.encode());
     c.send(&offer).unwrap();
     let plan = c.recv().unwrap();
@@ -452,4 +473,159 @@ fn files_streamed_in_pieces_arrive_whole_between_delta_files() {
     assert_eq!(sent.files_sent, 6);
     assert_eq!((sent.files_delta, served.files_delta), (3, 3));
     assert_eq!(tree_of(&root.join("t")), m);
+}
+
+#[test]
+fn files_are_read_once_whether_new_unchanged_moved_or_changed() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    fs::create_dir_all(src.join("d")).unwrap();
+    fs::write(src.join("a"), noise(1, 300_000)).unwrap();
+    let b = noise(2, 2_000_000);
+    fs::write(src.join("b"), &b).unwrap();
+    // Over the 8 MiB read whole: streamed in pieces.
+    fs::write(src.join("c"), noise(3, 10_000_000)).unwrap();
+    fs::write(src.join("d/f"), noise(4, 5_000)).unwrap();
+    fs::write(src.join("e"), b"").unwrap();
+    let root = t.path().join("root");
+    let opts = SendOptions::default();
+    let mut scan = manifest::list(&src).unwrap();
+    assert_eq!(scan.unread.len(), 4, "all but the empty file");
+    let (sent, served) = session_scan(&root, &src, b"t", &mut scan, None, &opts);
+    let (sent, _) = (sent.unwrap(), served.unwrap());
+    assert_eq!((sent.bytes_hashed, sent.bytes_read), (0, 12_305_000));
+    assert!(scan.unread.is_empty());
+    assert_eq!(scan.manifest, tree_of(&src));
+    assert_eq!(tree_of(&root.join("t")), scan.manifest);
+
+    // The receiver asks for the hashes of the files of sizes it holds: "a" moved, "b" edited
+    // in place, "c" and "d/f" unchanged; "g" is of no size it holds, read only to be sent.
+    fs::rename(src.join("a"), src.join("a2")).unwrap();
+    fs::write(src.join("b"), edited(&b)).unwrap();
+    fs::write(src.join("g"), noise(5, 12_345)).unwrap();
+    let mut scan = manifest::list(&src).unwrap();
+    let (sent, served) = session_scan(&root, &src, b"t", &mut scan, None, &opts);
+    let (sent, served) = (sent.unwrap(), served.unwrap());
+    assert_eq!(sent.bytes_hashed, 12_305_000);
+    assert_eq!(sent.bytes_read, 2_012_345, "b again, g once");
+    assert_eq!((sent.files_sent, served.files_received), (2, 2));
+    assert_eq!(tree_of(&root.join("t")), tree_of(&src));
+    assert_eq!(scan.manifest, tree_of(&src));
+}
+
+#[test]
+fn a_file_changed_after_it_was_listed_is_an_error_and_the_tree_stays() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    let root = t.path().join("root");
+    let opts = SendOptions::default();
+    type Change = (&'static str, usize, fn(&Path));
+    let changes: [Change; 3] = [
+        ("small", 100_000, |p| {
+            fs::write(p, noise(9, 100_000)).unwrap()
+        }),
+        ("big", 10_000_000, |p| {
+            use std::io::Write;
+            fs::OpenOptions::new()
+                .append(true)
+                .open(p)
+                .unwrap()
+                .write_all(b"more")
+                .unwrap()
+        }),
+        ("shrunk", 10_000_000, |p| {
+            fs::OpenOptions::new()
+                .write(true)
+                .open(p)
+                .unwrap()
+                .set_len(5_000_000)
+                .unwrap()
+        }),
+    ];
+    for (name, len, change) in changes {
+        let path = src.join(name);
+        fs::write(&path, noise(8, len)).unwrap();
+        let mut scan = manifest::list(&src).unwrap();
+        // Past the file system's timestamp granularity.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        change(&path);
+        let (sent, served) = session_scan(&root, &src, b"t", &mut scan, None, &opts);
+        let e = sent.unwrap_err().to_string();
+        assert!(e.contains("changed while being sent"), "{name}: {e}");
+        assert!(served.is_err(), "{name}");
+        assert_eq!(listing(&root), [".dedupwire"], "{name}");
+        fs::remove_file(&path).unwrap();
+    }
+}
+
+/// Plays a sender by hand: OFFER of `src`'s manifest with its entry 0 as unread (`unread`,
+/// its hash zeroed), DATA of entry 0's contents, then COMMIT followed by `commit`.
+fn unread_then_commit(
+    root: &Path,
+    src: &Path,
+    unread: u32,
+    commit: &[u8],
+) -> Result<ServeReport, Error> {
+    let mut m = manifest::scan(src, &mut |_| {}).unwrap().manifest;
+    let contents = fs::read(src.join(m.entries[0].rel_path())).unwrap();
+    if let Kind::File { hash, .. } = &mut m.entries[unread as usize].kind {
+        *hash = [0; 32];
+    }
+    let (a, b) = UnixStream::pair().unwrap();
+    let root = root.to_path_buf();
+    let server = std::thread::spawn(move || {
+        let store = Arc::new(MemoryStore::new());
+        let mut s =
+            DedupStream::new(b, store.clone(), ChannelConfig::default(), Role::Accept).unwrap();
+        serve(&TreeRoot::open(&root).unwrap(), &*store, &mut s)
+    });
+    let mut c = DedupStream::new(
+        a,
+        Arc::new(MemoryStore::new()),
+        ChannelConfig::default(),
+        Role::Connect,
+    )
+    .unwrap();
+    let mut offer = vec![b'O', SESSION_VERSION, 0, 1, 0, b't', 1, 0, 0, 0];
+    offer.extend_from_slice(&unread.to_le_bytes());
+    offer.push(0);
+    offer.extend_from_slice(&m.encode());
+    c.send(&offer).unwrap();
+    if let Ok(plan) = c.recv() {
+        if plan[0] == b'P' {
+            let _ = c.send(&[b"D".as_slice(), &piece(b'B', 0, &contents)].concat());
+            let _ = c.send(&[b"C".as_slice(), commit].concat());
+            let _ = c.recv();
+        }
+    }
+    drop(c);
+    server.join().unwrap()
+}
+
+#[test]
+fn a_file_hashed_as_sent_is_checked_against_the_hash_at_commit() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    fs::create_dir_all(src.join("z")).unwrap();
+    let contents = noise(6, 70_000);
+    fs::write(src.join("a"), &contents).unwrap();
+    let root = t.path().join("root");
+    let right = *blake3::hash(&contents).as_bytes();
+    let cases: [(&str, u32, &[u8]); 4] = [
+        ("do not match the sender's hash", 0, &[7; 32]),
+        ("a COMMIT of 1 bytes", 0, &[]),
+        ("a COMMIT of 65 bytes", 0, &[right, right].concat()),
+        ("entry 1 as unread", 1, &right),
+    ];
+    for (want, unread, commit) in cases {
+        let e = unread_then_commit(&root, &src, unread, commit)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "{want}: {e}");
+        assert_eq!(listing(&root), [".dedupwire"], "{want}");
+    }
+    unread_then_commit(&root, &src, 0, &right).unwrap();
+    assert_eq!(fs::read(root.join("t/a")).unwrap(), contents);
+    assert_eq!(tree_of(&root.join("t")), tree_of(&src));
 }
