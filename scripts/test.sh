@@ -11,6 +11,8 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p dedupwire-wire --features tokio --all-targets -- -D warnings
 echo "== cargo build -p dedupwire-capi (the C example links its static library)"
 cargo build -p dedupwire-capi
+echo "== versitygw (the S3 server of the S3 backend's tests; built once, then cached)"
+bash scripts/versitygw.sh
 echo "== cargo test"
 cargo test --workspace 2>&1 | tee target/test-output.txt
 echo "== cargo test -p dedupwire-wire --features tokio (AsyncDedupStream: its test and doc example)"

@@ -35,7 +35,7 @@ pub enum ObjectKind {
 }
 
 impl ObjectKind {
-    fn prefix(self) -> &'static str {
+    pub(crate) fn prefix(self) -> &'static str {
         match self {
             ObjectKind::Config => "",
             ObjectKind::Key => "keys",
@@ -80,6 +80,14 @@ pub enum BackendError {
         .0.display()
     )]
     NotEmpty(PathBuf),
+    /// A remote store's error (the object or location, then what went wrong).
+    #[error("{what}: {message}")]
+    Remote {
+        /// The object or location.
+        what: String,
+        /// What went wrong, for a user.
+        message: String,
+    },
     /// [`LocalBackend::create`] where an interrupted `init` left keys but no config.
     #[error(
         "{} holds an unfinished repository (keys but no config, from an interrupted init): \
@@ -109,6 +117,93 @@ pub trait Backend: Send + Sync {
     fn put_new(&self, kind: ObjectKind, name: &str, bytes: &[u8]) -> Result<bool, BackendError>;
     /// Deletes an object (no error if it is already gone).
     fn delete(&self, kind: ObjectKind, name: &str) -> Result<(), BackendError>;
+    /// The requests made and bytes moved so far, for a store that bills them (`None` here).
+    fn stats(&self) -> Option<BackendStats> {
+        None
+    }
+}
+
+/// Requests made and bytes moved for one kind of request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct OpStats {
+    /// Requests that got an answer (retries and multipart parts each count).
+    pub requests: u64,
+    /// Request body bytes.
+    pub bytes_sent: u64,
+    /// Response body bytes.
+    pub bytes_received: u64,
+}
+
+/// What a remote backend asked of its store, per kind of request, as a bill counts it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct BackendStats {
+    /// Listings (`GET ?list-type=2`), one per page of up to 1000 objects.
+    pub list: OpStats,
+    /// Reads: `GET` of an object or a range of it, and `HEAD`.
+    pub get: OpStats,
+    /// Writes: `PUT`, and a multipart upload's start, parts and completion.
+    pub put: OpStats,
+    /// `DELETE`s.
+    pub delete: OpStats,
+}
+
+impl std::fmt::Display for BackendStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ops = [
+            ("list", &self.list),
+            ("get", &self.get),
+            ("put", &self.put),
+            ("delete", &self.delete),
+        ];
+        for (i, (name, op)) in ops.into_iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(
+                f,
+                "{name} {} request{}, {} sent, {} received",
+                op.requests,
+                if op.requests == 1 { "" } else { "s" },
+                human_bytes(op.bytes_sent),
+                human_bytes(op.bytes_received)
+            )?;
+        }
+        Ok(())
+    }
+}
+
+fn human_bytes(n: u64) -> String {
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64;
+    let mut unit = "B";
+    for u in ["KiB", "MiB", "GiB", "TiB"] {
+        if v < 1024.0 {
+            break;
+        }
+        v /= 1024.0;
+        unit = u;
+    }
+    format!("{v:.1} {unit}")
+}
+
+/// Opens the repository at `location`: `s3:…` (see [`crate::s3`]) or a local directory.
+pub fn open_location(location: &Path) -> Result<Box<dyn Backend>, BackendError> {
+    #[cfg(feature = "s3")]
+    if let Some(url) = location.to_str().filter(|l| crate::s3::S3Url::is_s3(l)) {
+        return Ok(Box::new(crate::s3::S3Backend::open(url)?));
+    }
+    Ok(Box::new(LocalBackend::open(location)?))
+}
+
+/// Prepares `location` (`s3:…` or a local directory) for a new repository.
+pub fn create_location(location: &Path) -> Result<Box<dyn Backend>, BackendError> {
+    #[cfg(feature = "s3")]
+    if let Some(url) = location.to_str().filter(|l| crate::s3::S3Url::is_s3(l)) {
+        return Ok(Box::new(crate::s3::S3Backend::create(url)?));
+    }
+    Ok(Box::new(LocalBackend::create(location)?))
 }
 
 /// A repository in a local directory.
@@ -346,7 +441,7 @@ impl Backend for LocalBackend {
     }
 }
 
-fn check_name(kind: ObjectKind, name: &str) -> Result<(), BackendError> {
+pub(crate) fn check_name(kind: ObjectKind, name: &str) -> Result<(), BackendError> {
     let ok = match kind {
         ObjectKind::Config => name == "config",
         _ => {
