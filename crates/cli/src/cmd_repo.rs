@@ -9,7 +9,7 @@ use dedupwire_repo::check::check;
 use dedupwire_repo::prune::{self, KeepPolicy};
 use dedupwire_repo::time::rfc3339;
 use dedupwire_repo::tree::{bytes_of, NodeKind};
-use dedupwire_repo::{BlobKind, Config, LocalBackend, Repository};
+use dedupwire_repo::{BlobKind, Config, Repository};
 use serde_json::json;
 
 use crate::repo_args::RepoArgs;
@@ -182,6 +182,7 @@ impl NewPassword {
         let args = RepoArgs {
             repo: repo.repo.clone(),
             password_file: self.new_password_file.clone(),
+            request_stats: false,
         };
         match (
             &self.new_password_file,
@@ -448,15 +449,9 @@ fn forget(
 }
 
 fn init(args: &RepoArgs, json: bool) -> Result<()> {
-    let backend = LocalBackend::create(&args.repo)
-        .with_context(|| format!("creating a repository at {}", args.repo.display()))?;
+    let backend = args.create()?;
     let password = args.password(true)?;
-    let repo = Repository::init(
-        Box::new(backend),
-        &password,
-        RepoArgs::kdf(),
-        Config::default(),
-    )?;
+    let repo = Repository::init(backend, &password, RepoArgs::kdf(), Config::default())?;
     if json {
         println!("{}", json!({ "id": repo.config().id, "repo": args.repo }));
     } else {

@@ -1,22 +1,32 @@
-//! What every repository command takes: where the repository is (`--repo`, `DEDUPWIRE_REPO`)
-//! and its password (`DEDUPWIRE_PASSWORD`, `--password-file`, else asked on the terminal).
+//! What every repository command takes: where the repository is (`--repo`, `DEDUPWIRE_REPO`:
+//! a directory or `s3:http://HOST:PORT/BUCKET/PREFIX`) and its password (`DEDUPWIRE_PASSWORD`,
+//! `--password-file`, else asked on the terminal).
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use dedupwire_repo::{KdfParams, LocalBackend, Repository};
+use dedupwire_repo::{
+    create_location, open_location, Backend, BackendError, BackendStats, KdfParams, ObjectKind,
+    Repository,
+};
 
 /// `--repo` and the password.
 #[derive(clap::Args, Clone)]
 pub struct RepoArgs {
-    /// The repository: a directory [env: DEDUPWIRE_REPO].
-    #[arg(long, short = 'r', env = "DEDUPWIRE_REPO", value_name = "DIR")]
+    /// The repository: a directory, or s3:http://HOST:PORT/BUCKET/PREFIX (https:// too;
+    /// credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION)
+    /// [env: DEDUPWIRE_REPO].
+    #[arg(long, short = 'r', env = "DEDUPWIRE_REPO", value_name = "DIR|URL")]
     pub repo: PathBuf,
     /// Read the password from the first line of FILE (else DEDUPWIRE_PASSWORD, else it is
     /// asked on the terminal).
     #[arg(long, value_name = "FILE")]
     pub password_file: Option<PathBuf>,
+    /// On exit, print the requests made to an S3 repository and the bytes sent and received,
+    /// per kind of request (list, get, put, delete), on stderr.
+    #[arg(long)]
+    pub request_stats: bool,
 }
 
 impl RepoArgs {
@@ -78,11 +88,41 @@ impl RepoArgs {
 
     /// Opens the repository.
     pub fn open(&self) -> Result<Repository> {
-        let backend = LocalBackend::open(&self.repo)
-            .with_context(|| format!("opening the repository {}", self.repo.display()))?;
+        let backend = self.backend(open_location(&self.repo), "opening the repository")?;
         let password = self.password(false)?;
-        Repository::open(Box::new(backend), &password)
+        Repository::open(backend, &password)
             .with_context(|| format!("opening the repository {}", self.repo.display()))
+    }
+
+    /// The backend of a new repository at `--repo` (which must hold none).
+    pub fn create(&self) -> Result<Box<dyn Backend>> {
+        self.backend(create_location(&self.repo), "creating a repository at")
+    }
+
+    /// The backend, with its requests reported on exit when asked; an error names the
+    /// location (`doing`, then the location, unless the error names it).
+    fn backend(
+        &self,
+        backend: Result<Box<dyn Backend>, BackendError>,
+        doing: &str,
+    ) -> Result<Box<dyn Backend>> {
+        let backend = match backend {
+            Ok(b) => b,
+            Err(e @ BackendError::Remote { .. }) => return Err(e.into()),
+            Err(e) => {
+                return Err(
+                    anyhow::Error::new(e).context(format!("{doing} {}", self.repo.display()))
+                )
+            }
+        };
+        Ok(if self.request_stats {
+            Box::new(Reported {
+                inner: backend,
+                location: self.repo.display().to_string(),
+            })
+        } else {
+            backend
+        })
     }
 
     /// The KDF cost of new key files: the default, or the test cost when
@@ -93,5 +133,47 @@ impl RepoArgs {
         } else {
             KdfParams::DEFAULT
         }
+    }
+}
+
+/// A backend whose request counts are printed when it is dropped (`--request-stats`).
+struct Reported {
+    inner: Box<dyn Backend>,
+    location: String,
+}
+
+impl Drop for Reported {
+    fn drop(&mut self) {
+        match self.inner.stats() {
+            Some(s) => eprintln!("requests to {}: {s}", self.location),
+            None => eprintln!("requests to {}: none (a local repository)", self.location),
+        }
+    }
+}
+
+impl Backend for Reported {
+    fn list(&self, kind: ObjectKind) -> Result<Vec<(String, u64)>, BackendError> {
+        self.inner.list(kind)
+    }
+    fn get(&self, kind: ObjectKind, name: &str) -> Result<Vec<u8>, BackendError> {
+        self.inner.get(kind, name)
+    }
+    fn get_range(
+        &self,
+        kind: ObjectKind,
+        name: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, BackendError> {
+        self.inner.get_range(kind, name, offset, len)
+    }
+    fn put_new(&self, kind: ObjectKind, name: &str, bytes: &[u8]) -> Result<bool, BackendError> {
+        self.inner.put_new(kind, name, bytes)
+    }
+    fn delete(&self, kind: ObjectKind, name: &str) -> Result<(), BackendError> {
+        self.inner.delete(kind, name)
+    }
+    fn stats(&self) -> Option<BackendStats> {
+        self.inner.stats()
     }
 }
