@@ -27,9 +27,17 @@ pub struct Args {
     /// Leave out paths matching GLOB (matched against the whole path and the name; repeat).
     #[arg(long, value_name = "GLOB")]
     exclude: Vec<String>,
-    /// Read every file, even those whose size, mtime and inode match the parent snapshot.
+    /// Read every file, even those whose size, mtime, inode and ctime match the parent
+    /// snapshot.
     #[arg(long)]
     force_read: bool,
+    /// Where to keep the files cache (each file's inode and ctime, to skip unchanged files
+    /// next time) [default: $XDG_CACHE_HOME/dedupwire/backup, else ~/.cache/dedupwire/backup].
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Keep no files cache (the next backup reads every file).
+    #[arg(long, conflicts_with = "cache_dir")]
+    no_cache: bool,
     /// The snapshot to compare with [default: the latest of this host and these paths].
     #[arg(long, value_name = "SNAPSHOT")]
     parent: Option<String>,
@@ -86,6 +94,14 @@ pub fn run(args: Args) -> Result<()> {
         force_read: args.force_read,
         parent: args.parent.clone(),
         host: None,
+        files_cache: if args.no_cache {
+            None
+        } else {
+            args.cache_dir
+                .clone()
+                .or_else(dedupwire_repo::files_cache::default_dir)
+                .map(|d| d.join(&repo.config().id))
+        },
     };
     let result = backup(&mut repo, &opts, &mut |p| {
         bar.set_message(format!("{} files", p.files));
@@ -95,6 +111,9 @@ pub fn run(args: Args) -> Result<()> {
     bar.finish_and_clear();
     for w in &result.warnings {
         eprintln!("dedupwire backup: warning: {w}");
+    }
+    if let Some(w) = &result.cache_warning {
+        eprintln!("dedupwire backup: note: {w}");
     }
     let s = &result.snapshot.summary;
     let elapsed = started.elapsed().as_secs_f64();

@@ -602,12 +602,13 @@ fn stats(repo: &Repository, json: bool) -> Result<()> {
     let snaps = repo.snapshots()?;
     let raw: u64 = snaps.iter().map(|(_, s)| s.summary.bytes_total).sum();
     let stored: u64 = repo.index().packs().map(|(_, size)| size).sum();
-    let (mut data, mut delta, mut tree) = (0u64, 0u64, 0u64);
+    let (mut data, mut delta, mut tree, mut tree_delta) = (0u64, 0u64, 0u64, 0u64);
     for (_, loc) in repo.index().blobs() {
         match loc.kind {
             BlobKind::Data => data += 1,
             BlobKind::Delta => delta += 1,
             BlobKind::Tree => tree += 1,
+            BlobKind::TreeDelta => tree_delta += 1,
         }
     }
     let index_bytes = repo.index().memory_bytes() as u64;
@@ -621,7 +622,8 @@ fn stats(repo: &Repository, json: bool) -> Result<()> {
                 "packs": repo.index().packs().count(),
                 "blobs_whole": data,
                 "blobs_delta": delta,
-                "blobs_tree": tree,
+                "blobs_tree": tree + tree_delta,
+                "blobs_tree_delta": tree_delta,
                 "index_memory_bytes": index_bytes,
             }))?
         );
@@ -638,7 +640,10 @@ fn stats(repo: &Repository, json: bool) -> Result<()> {
             String::new()
         }
     );
-    println!("  blobs     {data} whole chunks, {delta} deltas, {tree} trees");
+    println!(
+        "  blobs     {data} whole chunks, {delta} deltas, {} trees ({tree_delta} as deltas)",
+        tree + tree_delta
+    );
     println!("  index     {} in memory", human_bytes(index_bytes));
     Ok(())
 }

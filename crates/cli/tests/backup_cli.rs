@@ -15,6 +15,7 @@ mod common;
 fn dedupwire(repo: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_dedupwire"));
     c.env("DEDUPWIRE_REPO", repo)
+        .env("XDG_CACHE_HOME", repo.with_extension("cache"))
         .env("DEDUPWIRE_PASSWORD", "a test password")
         .env("DEDUPWIRE_TEST_KDF", "1");
     c

@@ -10,7 +10,8 @@
 //! last, so a backup cut off at any point leaves a valid repository whose packs the next
 //! backup reuses.
 //!
-//! A file whose size, mtime and inode match the parent snapshot's is not read again.
+//! A file whose size and mtime match the parent snapshot's, and whose inode and ctime match
+//! the files cache this machine kept of that snapshot, is not read again.
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
@@ -21,6 +22,7 @@ use std::path::{Path, PathBuf};
 use dedupwire_engine::chunk::{ChunkerSpec, StreamChunker};
 
 use crate::blob::{BlobId, BlobKind};
+use crate::files_cache::{FilesCache, Stamp};
 use crate::pack::PackBuilder;
 use crate::repository::{encode_delta, RepoError, Repository, Result};
 use crate::snapshot::{Snapshot, Summary, SNAPSHOT_VERSION};
@@ -41,6 +43,8 @@ pub struct BackupOptions {
     pub parent: Option<String>,
     /// The host recorded (default: this machine's name).
     pub host: Option<String>,
+    /// Where this repository's files caches live (`None`: no cache, every file is read).
+    pub files_cache: Option<PathBuf>,
 }
 
 /// Where a backup is, for progress displays.
@@ -61,6 +65,9 @@ pub struct BackupResult {
     pub snapshot: Snapshot,
     /// Paths that could not be read, with why (left out of the snapshot).
     pub warnings: Vec<String>,
+    /// Why the files cache could not be written, if it could not (the snapshot is sound; the
+    /// next backup reads every file).
+    pub cache_warning: Option<String>,
 }
 
 struct Backup<'r, 'p> {
@@ -82,6 +89,10 @@ struct Backup<'r, 'p> {
     config: crate::repository::Config,
     /// The lock object that keeps prune away, and when it was last refreshed.
     lock: Option<(String, i64)>,
+    /// The parent snapshot's files cache.
+    old_stamps: Option<FilesCache>,
+    /// This snapshot's files cache, filled as files are taken.
+    stamps: FilesCache,
 }
 
 impl Drop for Backup<'_, '_> {
@@ -146,6 +157,10 @@ pub fn backup(
     let time_ns = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i64);
+    let old_stamps = match (&opts.files_cache, &parent) {
+        (Some(dir), Some((id, _))) if !opts.force_read => FilesCache::load(dir, id),
+        _ => None,
+    };
     let lock = repo.lock(&host)?;
     let builder = repo.pack_builder();
     let repo_config = repo.config().clone();
@@ -165,6 +180,8 @@ pub fn backup(
         best: Vec::new(),
         config: repo_config,
         lock: Some(lock),
+        old_stamps,
+        stamps: FilesCache::default(),
     };
     let mut root = Tree::default();
     for (path, text) in paths.iter().zip(&path_texts) {
@@ -179,7 +196,7 @@ pub fn backup(
             root.nodes.push(node);
         }
     }
-    let tree = b.store_tree(&root)?;
+    let tree = b.store_tree(&root, parent.as_ref().map(|(_, s)| s.tree))?;
     b.flush()?;
     b.release_lock();
     let snapshot = Snapshot {
@@ -194,11 +211,31 @@ pub fn backup(
         summary: b.summary.clone(),
     };
     let warnings = std::mem::take(&mut b.warnings);
+    let mut stamps = std::mem::take(&mut b.stamps);
     let id = b.repo.save_snapshot(&snapshot)?;
+    let mut cache_warning = None;
+    if let Some(dir) = &opts.files_cache {
+        stamps.snapshot = id.clone();
+        stamps.seal();
+        match stamps.save(dir) {
+            Ok(()) => {
+                if let Some(parent) = &snapshot.parent {
+                    FilesCache::remove(dir, parent);
+                }
+            }
+            Err(e) => {
+                cache_warning = Some(format!(
+                    "the files cache could not be written to {}: {e}",
+                    dir.display()
+                ))
+            }
+        }
+    }
     Ok(BackupResult {
         id,
         snapshot,
         warnings,
+        cache_warning,
     })
 }
 
@@ -214,6 +251,16 @@ fn mtime_ns(md: &fs::Metadata) -> i64 {
     md.mtime()
         .saturating_mul(1_000_000_000)
         .saturating_add(md.mtime_nsec())
+}
+
+fn stamp(md: &fs::Metadata) -> Stamp {
+    Stamp {
+        inode: md.ino(),
+        ctime_ns: md
+            .ctime()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(md.ctime_nsec()),
+    }
 }
 
 impl Backup<'_, '_> {
@@ -243,14 +290,21 @@ impl Backup<'_, '_> {
             let Some(tree) = self.dir(path, old_tree.as_ref())? else {
                 return Ok(None);
             };
+            let old_id = match old.map(|n| &n.kind) {
+                Some(NodeKind::Dir { subtree }) => Some(*subtree),
+                _ => None,
+            };
             NodeKind::Dir {
-                subtree: self.store_tree(&tree)?,
+                subtree: self.store_tree(&tree, old_id)?,
             }
         } else if ft.is_file() {
+            let key = self.path_key(path);
+            let same_file = self
+                .old_stamps
+                .as_ref()
+                .is_some_and(|c| c.get(&key) == Some(stamp(md)));
             let unchanged = match old {
-                Some(o)
-                    if !self.force_read && o.mtime_ns == mtime_ns(md) && o.inode == md.ino() =>
-                {
+                Some(o) if !self.force_read && same_file && o.mtime_ns == mtime_ns(md) => {
                     match &o.kind {
                         NodeKind::File { size, content }
                             if *size == md.len() && content.iter().all(|id| self.known(id)) =>
@@ -285,6 +339,7 @@ impl Backup<'_, '_> {
                     Err(FileError::Repo(e)) => return Err(e),
                 },
             };
+            self.stamps.push(key, stamp(md));
             self.summary.bytes_total += md.len();
             self.progress.files += 1;
             (self.on_progress)(self.progress);
@@ -312,10 +367,15 @@ impl Backup<'_, '_> {
             kind,
             mode: md.mode() & 0o7777,
             mtime_ns: mtime_ns(md),
-            inode: md.ino(),
             uid: md.uid(),
             gid: md.gid(),
         }))
+    }
+
+    /// A path's key in the files cache: its keyed hash, so the cache names no path.
+    fn path_key(&self, path: &Path) -> [u8; 16] {
+        let id = self.repo.id_of(path.as_os_str().as_bytes());
+        id.0[..16].try_into().expect("16 bytes")
     }
 
     /// Whether a blob is stored (in the repository or in the pack being built).
@@ -463,19 +523,52 @@ impl Backup<'_, '_> {
         Ok(id)
     }
 
-    fn store_tree(&mut self, tree: &Tree) -> Result<BlobId> {
+    /// Stores a tree unless known: as a delta against the whole tree behind `old` (the same
+    /// directory in the parent snapshot) where that pays, else whole.
+    fn store_tree(&mut self, tree: &Tree, old: Option<BlobId>) -> Result<BlobId> {
         let json = serde_json::to_vec(tree).expect("serializable");
         let id = self.repo.id_of(&json);
-        if !self.known(&id) {
-            self.repo.add_blob(
+        if self.known(&id) {
+            return Ok(id);
+        }
+        let base = old.and_then(|old| {
+            let loc = self.repo.index().get(&old)?;
+            match loc.kind {
+                BlobKind::Tree => Some(old),
+                BlobKind::TreeDelta => loc.base,
+                _ => None,
+            }
+        });
+        let delta = match base.map(|b| (b, self.repo.read_blob(&b))) {
+            Some((b, Ok(bytes))) => {
+                encode_delta(&bytes, &json, &mut self.delta);
+                ((self.delta.len() as f64) < json.len() as f64 * self.config.delta_worth)
+                    .then_some(b)
+            }
+            Some((_, Err(RepoError::Damaged(_) | RepoError::MissingBlob(_)))) | None => None,
+            Some((_, Err(e))) => return Err(e),
+        };
+        match delta {
+            Some(base) => self.repo.add_blob(
+                &mut self.builder,
+                id,
+                BlobKind::TreeDelta,
+                &self.delta,
+                Some(base),
+                Vec::new(),
+            ),
+            None => self.repo.add_blob(
                 &mut self.builder,
                 id,
                 BlobKind::Tree,
                 &json,
                 None,
                 Vec::new(),
-            );
-            self.pending_ids.insert(id);
+            ),
+        }
+        self.pending_ids.insert(id);
+        if self.builder.size() >= self.config.pack_size {
+            self.flush()?;
         }
         Ok(id)
     }

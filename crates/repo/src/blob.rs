@@ -58,4 +58,18 @@ pub enum BlobKind {
     Delta,
     /// A directory listing (JSON).
     Tree,
+    /// A directory listing as a delta against a whole listing (its base, a `Tree` blob), as
+    /// the next version of a directory mostly repeats the last.
+    TreeDelta,
+}
+
+impl BlobKind {
+    /// The kind a delta blob's base must have (`None` for a blob stored whole).
+    pub fn base_kind(self) -> Option<BlobKind> {
+        match self {
+            BlobKind::Data | BlobKind::Tree => None,
+            BlobKind::Delta => Some(BlobKind::Data),
+            BlobKind::TreeDelta => Some(BlobKind::Tree),
+        }
+    }
 }

@@ -168,10 +168,10 @@ fn read_pack(repo: &Repository, name: &str, errors: &mut Vec<String>) {
             errors.push(format!("{what}: blob {} past its frame", b.id));
             continue;
         };
-        let rebuilt = match b.kind {
-            BlobKind::Data | BlobKind::Tree => Ok(bytes.to_vec()),
-            BlobKind::Delta => match b.base.map(|base| repo.read_blob(&base)) {
-                Some(Ok(base)) => decode_delta(&base, bytes, repo.config().chunker.max),
+        let rebuilt = match b.kind.base_kind() {
+            None => Ok(bytes.to_vec()),
+            Some(_) => match b.base.map(|base| repo.read_blob(&base)) {
+                Some(Ok(base)) => decode_delta(&base, bytes, repo.delta_limit(b.kind)),
                 Some(Err(e)) => Err(format!("its base: {e}")),
                 None => Err("no base".to_string()),
             },

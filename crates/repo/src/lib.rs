@@ -9,6 +9,7 @@
 //!   ids (BLAKE3), key files (argon2id);
 //! - [`blob`], [`pack`], [`index`], [`tree`], [`snapshot`]: what is stored;
 //! - [`repository`]: a repository opened with its password, reading and writing all that;
+//! - [`files_cache`]: what a backup keeps locally to skip unchanged files;
 //! - [`backup`], [`restore`], [`check`], [`prune`], [`diff`]: the operations.
 #![deny(missing_docs)]
 
@@ -18,6 +19,7 @@ pub mod blob;
 pub mod check;
 pub mod crypto;
 pub mod diff;
+pub mod files_cache;
 pub mod index;
 pub mod pack;
 pub mod prune;

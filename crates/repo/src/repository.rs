@@ -385,9 +385,9 @@ impl Repository {
     /// against its id.
     pub fn read_blob(&self, id: &BlobId) -> Result<Vec<u8>> {
         let loc = *self.index.get(id).ok_or(RepoError::MissingBlob(*id))?;
-        let bytes = match loc.kind {
-            BlobKind::Data | BlobKind::Tree => self.raw_blob(&loc)?,
-            BlobKind::Delta => {
+        let bytes = match loc.kind.base_kind() {
+            None => self.raw_blob(&loc)?,
+            Some(want) => {
                 let base_id = loc
                     .base
                     .ok_or_else(|| RepoError::Damaged(format!("delta blob {id} names no base")))?;
@@ -395,14 +395,19 @@ impl Repository {
                     .index
                     .get(&base_id)
                     .ok_or(RepoError::MissingBlob(base_id))?;
-                if base_loc.kind != BlobKind::Data {
+                if base_loc.kind != want {
                     return Err(RepoError::Damaged(format!(
-                        "delta blob {id}: its base {base_id} is not a whole chunk"
+                        "delta blob {id}: its base {base_id} is not a whole {}",
+                        if want == BlobKind::Tree {
+                            "tree"
+                        } else {
+                            "chunk"
+                        }
                     )));
                 }
                 let base = self.raw_blob(&base_loc)?;
                 let delta = self.raw_blob(&loc)?;
-                decode_delta(&base, &delta, self.config.chunker.max)
+                decode_delta(&base, &delta, self.delta_limit(loc.kind))
                     .map_err(|e| RepoError::Damaged(format!("delta blob {id}: {e}")))?
             }
         };
@@ -413,6 +418,15 @@ impl Repository {
             )));
         }
         Ok(bytes)
+    }
+
+    /// The most bytes a delta blob of `kind` may rebuild: a chunk's maximum, or for a tree
+    /// [`TREE_LIMIT`].
+    pub fn delta_limit(&self, kind: BlobKind) -> usize {
+        match kind {
+            BlobKind::TreeDelta => TREE_LIMIT,
+            _ => self.config.chunker.max,
+        }
     }
 
     /// Stores a pack, then an index file for it (so that a backup cut off later leaves the
@@ -612,6 +626,9 @@ impl Repository {
 
 /// Tag of a delta blob made with the engine's sampled codec.
 pub const DELTA_SAMPLED: u8 = 0;
+
+/// The largest tree a tree delta may rebuild (a directory of about a million entries).
+pub const TREE_LIMIT: usize = 256 << 20;
 
 /// A delta blob's bytes: its codec tag, then the delta.
 pub fn encode_delta(base: &[u8], chunk: &[u8], out: &mut Vec<u8>) {

@@ -36,7 +36,7 @@ pub struct Summary {
     pub files_new: u64,
     /// Files in the parent whose metadata changed (read again).
     pub files_changed: u64,
-    /// Files whose size, mtime and inode matched the parent's (not read).
+    /// Files taken as unchanged from the parent (size, mtime, inode and ctime matched; not read).
     pub files_unchanged: u64,
     /// Directories.
     pub dirs: u64,

@@ -27,9 +27,6 @@ pub struct Node {
     pub mode: u32,
     /// Modification time, nanoseconds since 1970.
     pub mtime_ns: i64,
-    /// Inode number when backed up (to find unchanged files next time).
-    #[serde(default)]
-    pub inode: u64,
     /// Owner and group ids.
     #[serde(default)]
     pub uid: u32,

@@ -9,8 +9,11 @@ use std::path::{Path, PathBuf};
 
 use dedupwire_repo::backup::{backup, BackupOptions};
 use dedupwire_repo::check::check;
+use dedupwire_repo::prune::{forget, prune};
 use dedupwire_repo::restore::restore;
-use dedupwire_repo::{Config, KdfParams, LocalBackend, ObjectKind, RepoError, Repository};
+use dedupwire_repo::{
+    BlobKind, Config, KdfParams, LocalBackend, ObjectKind, RepoError, Repository,
+};
 
 const PASSWORD: &[u8] = b"correct horse";
 
@@ -101,8 +104,69 @@ fn snapshot_of(root: &Path) -> BTreeMap<PathBuf, (String, u32, i64, Vec<u8>)> {
 fn options(path: &Path) -> BackupOptions {
     BackupOptions {
         paths: vec![path.to_path_buf()],
+        files_cache: Some(path.parent().unwrap().join("files-cache")),
         ..BackupOptions::default()
     }
+}
+
+/// A file is taken unchanged only when the files cache says it is the very file backed up:
+/// contents changed behind a restored mtime, or a file replaced by another of the same size
+/// and mtime, are read again; so is everything when the cache is gone.
+#[test]
+fn only_the_very_file_backed_up_is_taken_unchanged() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo_dir) = (t.path().join("src"), t.path().join("repo"));
+    fs::create_dir_all(&src).unwrap();
+    for name in ["a", "b", "c"] {
+        fs::write(src.join(name), noise(name.len() as u64 + 7, 50_000)).unwrap();
+    }
+    let mut repo = init(&repo_dir);
+    let first = backup(&mut repo, &options(&src), &mut |_| {}).unwrap();
+    let again = backup(&mut repo, &options(&src), &mut |_| {}).unwrap();
+    assert_eq!(again.snapshot.summary.files_unchanged, 3);
+    assert_eq!(again.snapshot.summary.bytes_read, 0);
+    assert_eq!(again.snapshot.tree, first.snapshot.tree);
+
+    let mtime = fs::metadata(src.join("a")).unwrap().modified().unwrap();
+    let mut edited = fs::read(src.join("a")).unwrap();
+    edited[100] ^= 1;
+    fs::write(src.join("a"), &edited).unwrap();
+    fs::File::options()
+        .write(true)
+        .open(src.join("a"))
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    let replaced = src.join("b.new");
+    fs::write(&replaced, noise(99, 50_000)).unwrap();
+    let b_mtime = fs::metadata(src.join("b")).unwrap().modified().unwrap();
+    fs::File::options()
+        .write(true)
+        .open(&replaced)
+        .unwrap()
+        .set_modified(b_mtime)
+        .unwrap();
+    fs::rename(&replaced, src.join("b")).unwrap();
+    let third = backup(&mut repo, &options(&src), &mut |_| {}).unwrap();
+    assert_eq!(
+        third.snapshot.summary.files_unchanged, 1,
+        "{:?}",
+        third.snapshot.summary
+    );
+    assert_eq!(third.snapshot.summary.files_changed, 2);
+
+    fs::remove_dir_all(t.path().join("files-cache")).unwrap();
+    let fourth = backup(&mut repo, &options(&src), &mut |_| {}).unwrap();
+    assert_eq!(fourth.snapshot.summary.files_unchanged, 0);
+    assert_eq!(fourth.snapshot.tree, third.snapshot.tree);
+    let fifth = backup(&mut repo, &options(&src), &mut |_| {}).unwrap();
+    assert_eq!(fifth.snapshot.summary.files_unchanged, 3);
+
+    let out = t.path().join("out");
+    let (_, snap) = repo.find_snapshot(&third.id).unwrap();
+    restore(&repo, &snap.tree, &out, &[], &mut |_| {}).unwrap();
+    let restored = out.join(src.strip_prefix("/").unwrap());
+    assert_eq!(snapshot_of(&restored), snapshot_of(&src));
 }
 
 #[test]
@@ -288,4 +352,52 @@ fn a_truncated_or_missing_pack_is_found_by_check() {
         "{:?}",
         r.errors
     );
+}
+
+/// A directory whose listing changes a little from one backup to the next is stored as a
+/// delta against its last whole listing; every version restores exactly, check reads it all
+/// back, and forgetting the snapshot that holds the whole listing keeps it alive for the rest.
+#[test]
+fn trees_that_change_a_little_are_stored_as_deltas() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo_dir) = (t.path().join("src"), t.path().join("repo"));
+    fs::create_dir_all(&src).unwrap();
+    for i in 0..300 {
+        fs::write(src.join(format!("file-{i:04}")), format!("file {i}")).unwrap();
+    }
+    let mut repo = init(&repo_dir);
+    let mut versions = Vec::new();
+    for v in 0..4 {
+        fs::write(
+            src.join(format!("file-{:04}", v * 7)),
+            format!("version {v}"),
+        )
+        .unwrap();
+        let r = backup(&mut repo, &options(&src), &mut |_| {}).unwrap();
+        versions.push((r.id, snapshot_of(&src)));
+    }
+    let tree_deltas = repo
+        .index()
+        .blobs()
+        .filter(|(_, l)| l.kind == BlobKind::TreeDelta)
+        .count();
+    assert!(tree_deltas >= 3, "{tree_deltas} tree deltas");
+    let r = check(&repo, 1.0).unwrap();
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+
+    forget(&repo, &[versions[0].0.clone()]).unwrap();
+    prune(&mut repo, 1.0, false).unwrap();
+    let repo = open(&repo_dir).unwrap();
+    for (id, want) in &versions[1..] {
+        let (_, snap) = repo.find_snapshot(id).unwrap();
+        let out = t.path().join(format!("out-{}", &id[..8]));
+        let report = restore(&repo, &snap.tree, &out, &[], &mut |_| {}).unwrap();
+        assert!(report.errors.is_empty(), "{:?}", report.errors);
+        assert_eq!(
+            &snapshot_of(&out.join(src.strip_prefix("/").unwrap())),
+            want
+        );
+    }
+    let r = check(&repo, 1.0).unwrap();
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
 }
