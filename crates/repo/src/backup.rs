@@ -399,6 +399,16 @@ impl Backup<'_, '_> {
             }
         }
         names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+        let old_names: Vec<(Vec<u8>, usize)> = old.map_or_else(Vec::new, |t| {
+            let mut v: Vec<(Vec<u8>, usize)> = t
+                .nodes
+                .iter()
+                .enumerate()
+                .filter_map(|(i, n)| Some((n.name_bytes()?, i)))
+                .collect();
+            v.sort();
+            v
+        });
         let mut tree = Tree::default();
         for name in names {
             let child = path.join(&name);
@@ -410,9 +420,10 @@ impl Backup<'_, '_> {
                 }
             };
             let old_node = old.and_then(|t| {
-                t.nodes
-                    .iter()
-                    .find(|n| n.name_bytes().as_deref() == Some(name.as_bytes()))
+                let at = old_names
+                    .binary_search_by(|(n, _)| n.as_slice().cmp(name.as_bytes()))
+                    .ok()?;
+                t.nodes.get(old_names[at].1)
             });
             if let Some(node) = self.node(&child, &md, old_node)? {
                 tree.nodes.push(node);
