@@ -510,3 +510,125 @@ fn unreadable_files_are_named_and_the_rest_backed_up() {
     assert!(ls.contains("fine") && !ls.contains("secret"), "{ls}");
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// A disk that fills up during a backup: a clear error, no temporary file left behind, a
+/// repository that checks clean; with room again the next backup lands and restores exactly.
+#[test]
+fn a_full_disk_during_backup_is_a_clear_error_and_the_repository_stays_valid() {
+    let dir = tempdir("fulldisk");
+    let (src, repo) = (dir.join("src"), dir.join("repo"));
+    fs::create_dir_all(&src).unwrap();
+    for i in 0..4 {
+        fs::write(src.join(format!("part-{i}")), noise(40 + i, 2 << 20)).unwrap();
+    }
+    fs::create_dir_all(&repo).unwrap();
+    let _mount = common::Tmpfs::mount(&repo, "3m");
+    run(&repo, &["repo", "init"]);
+    let out = dedupwire(&repo)
+        .args(["backup", src.to_str().unwrap()])
+        .output()
+        .unwrap();
+    common::assert_disk_full(&out);
+    let mut leftovers = Vec::new();
+    let mut stack = vec![repo.clone()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap().flatten() {
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else if e.file_name().to_string_lossy().contains("tmp") {
+                leftovers.push(e.path());
+            }
+        }
+    }
+    assert!(leftovers.is_empty(), "left behind: {leftovers:?}");
+    run(&repo, &["repo", "check", "--read-data"]);
+    let snaps = json(&run(&repo, &["repo", "snapshots", "--json"]));
+    assert_eq!(snaps.as_array().unwrap().len(), 0);
+
+    let status = Command::new("mount")
+        .args(["-o", "remount,size=64m"])
+        .arg(&repo)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    run(&repo, &["backup", src.to_str().unwrap()]);
+    run(&repo, &["repo", "check", "--read-data"]);
+    let target = dir.join("target");
+    run(
+        &repo,
+        &["restore", "latest", "--target", target.to_str().unwrap()],
+    );
+    assert_eq!(tree(&restored(&target, &src)), tree(&src));
+    drop(_mount);
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// Files that vanish or shrink while a backup reads the tree: named as warnings, the backup
+/// still lands, and the snapshot holds exactly what was read (every restored file is a prefix
+/// of what it was, and restores without error).
+#[test]
+fn vanishing_and_shrinking_files_leave_a_snapshot_of_what_was_read() {
+    let dir = tempdir("vanishing");
+    let (src, repo) = (dir.join("src"), dir.join("repo"));
+    fs::create_dir_all(&src).unwrap();
+    let content = |i: u64| noise(i, 20_000 + (i as usize % 7) * 9_000);
+    let count = 1500u64;
+    for i in 0..count {
+        fs::write(src.join(format!("f{i:05}")), content(i)).unwrap();
+    }
+    run(&repo, &["repo", "init"]);
+    let child = dedupwire(&repo)
+        .args(["backup", "--json", src.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    for i in (0..count).rev().step_by(3) {
+        let p = src.join(format!("f{i:05}"));
+        if i % 2 == 0 {
+            let _ = fs::remove_file(&p);
+        } else if let Ok(f) = fs::File::options().write(true).open(&p) {
+            let _ = f.set_len(5_000);
+        }
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        out.status.success() || err.contains("could not be read"),
+        "{err}"
+    );
+    for line in err.lines().filter(|l| l.contains("warning")) {
+        assert!(
+            line.contains("vanished")
+                || line.contains("changed while being read")
+                || line.contains("No such file"),
+            "{line}"
+        );
+    }
+    run(&repo, &["repo", "check", "--read-data"]);
+    let target = dir.join("target");
+    run(
+        &repo,
+        &["restore", "latest", "--target", target.to_str().unwrap()],
+    );
+    let back = restored(&target, &src);
+    let mut files = 0;
+    for e in fs::read_dir(&back).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let i: u64 = name[1..].parse().unwrap();
+        let got = fs::read(e.path()).unwrap();
+        let was = content(i);
+        assert!(
+            got.len() == was.len() || got.len() == 5_000,
+            "{name}: {} bytes",
+            got.len()
+        );
+        assert_eq!(got[..], was[..got.len()], "{name}");
+        files += 1;
+    }
+    let summary = json(&out);
+    let taken = summary["files_new"].as_u64().unwrap();
+    assert_eq!(files, taken, "{summary}");
+    let _ = fs::remove_dir_all(&dir);
+}

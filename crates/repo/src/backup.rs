@@ -317,20 +317,28 @@ impl Backup<'_, '_> {
                 _ => None,
             };
             let was_file = matches!(old.map(|o| &o.kind), Some(NodeKind::File { .. }));
-            let content = match unchanged {
+            let (content, size) = match unchanged {
                 Some(c) => {
                     self.summary.files_unchanged += 1;
                     self.progress.bytes += md.len();
-                    c
+                    (c, md.len())
                 }
                 None => match self.file(path) {
-                    Ok(c) => {
+                    Ok((c, read)) => {
                         if was_file {
                             self.summary.files_changed += 1;
                         } else {
                             self.summary.files_new += 1;
                         }
-                        c
+                        if read != md.len() {
+                            self.warnings.push(format!(
+                                "{}: changed while being read ({} before, {read} bytes read); \
+                                 the snapshot holds what was read",
+                                path.display(),
+                                md.len()
+                            ));
+                        }
+                        (c, read)
                     }
                     Err(FileError::Read(e)) => {
                         self.warn(path, format!("not backed up: {e}"));
@@ -340,13 +348,10 @@ impl Backup<'_, '_> {
                 },
             };
             self.stamps.push(key, stamp(md));
-            self.summary.bytes_total += md.len();
+            self.summary.bytes_total += size;
             self.progress.files += 1;
             (self.on_progress)(self.progress);
-            NodeKind::File {
-                size: md.len(),
-                content,
-            }
+            NodeKind::File { size, content }
         } else if ft.is_symlink() {
             let target = match fs::read_link(path) {
                 Ok(t) => t,
@@ -432,8 +437,8 @@ impl Backup<'_, '_> {
         Ok(Some(tree))
     }
 
-    /// Reads and stores one file's chunks.
-    fn file(&mut self, path: &Path) -> Result<Vec<BlobId>, FileError> {
+    /// Reads and stores one file's chunks; returns their ids and the bytes read.
+    fn file(&mut self, path: &Path) -> Result<(Vec<BlobId>, u64), FileError> {
         let f = fs::File::open(path).map_err(FileError::Read)?;
         let chunker =
             std::mem::replace(&mut self.chunker, Box::new(dedupwire_engine::chunk::Whole));
@@ -446,15 +451,17 @@ impl Backup<'_, '_> {
         &mut self,
         chunker: &dyn dedupwire_engine::chunk::Chunker,
         f: fs::File,
-    ) -> Result<Vec<BlobId>, FileError> {
+    ) -> Result<(Vec<BlobId>, u64), FileError> {
         let mut stream = StreamChunker::new(chunker, f);
         let mut ids = Vec::new();
+        let mut read = 0u64;
         loop {
             let chunk = match stream.next_chunk() {
                 Ok(Some(c)) => c.to_vec(),
                 Ok(None) => break,
                 Err(e) => return Err(FileError::Read(std::io::Error::other(e.to_string()))),
             };
+            read += chunk.len() as u64;
             self.summary.bytes_read += chunk.len() as u64;
             self.progress.bytes += chunk.len() as u64;
             ids.push(self.store_chunk(&chunk).map_err(FileError::Repo)?);
@@ -462,7 +469,7 @@ impl Backup<'_, '_> {
                 (self.on_progress)(self.progress);
             }
         }
-        Ok(ids)
+        Ok((ids, read))
     }
 
     /// Stores one chunk: nothing if known, else a delta against a similar whole chunk where
