@@ -64,7 +64,7 @@ rec=$W/records.jsonl
 : >"$rec"
 unset DEDUPWIRE_TEST_KDF
 export DEDUPWIRE_PASSWORD=bench-dedupwire-password RESTIC_PASSWORD=bench-restic-password
-export BORG_PASSPHRASE=bench-borg-password BORG_BASE_DIR=$W/cache/borg RESTIC_CACHE_DIR=$W/cache/restic
+export BORG_PASSPHRASE=bench-borg-password BORG_BASE_DIR=$W/cache/borg RESTIC_CACHE_DIR=$W/cache/restic XDG_CACHE_HOME=$W/cache/xdg
 export BORG_RELOCATED_REPO_ACCESS_IS_OK=yes BORG_UNKNOWN_UNENCRYPTED_REPO_ACCESS_IS_OK=yes
 
 # record KEY=VALUE ...: one JSON line in $rec (numbers stay numbers; FILE@path embeds a file).
