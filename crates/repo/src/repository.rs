@@ -352,6 +352,9 @@ impl Repository {
             open_frame(&self.key, &sealed, frame.raw_length, &what).map_err(RepoError::Damaged)?,
         );
         let mut c = self.cache.lock().expect("not poisoned");
+        if let Some(f) = c.frames.get(&k) {
+            return Ok(f.clone());
+        }
         c.bytes += plain.len();
         c.frames.insert(k, plain.clone());
         c.order.push_back(k);
@@ -649,5 +652,48 @@ pub fn decode_delta(base: &[u8], delta: &[u8], limit: usize) -> Result<Vec<u8>, 
         }
         Some((tag, _)) => Err(format!("unknown delta codec {tag}")),
         None => Err("an empty delta".to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::LocalBackend;
+
+    /// Threads that miss the same frame at once each open it; it must be kept, and counted,
+    /// once, or the cache's count drifts above what it holds until it keeps nothing.
+    #[test]
+    fn a_frame_opened_by_several_threads_at_once_is_counted_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = LocalBackend::create(&dir.path().join("repo")).unwrap();
+        let mut repo =
+            Repository::init(Box::new(backend), b"pw", KdfParams::TEST, Config::default()).unwrap();
+        let mut builder = repo.pack_builder();
+        let mut ids = Vec::new();
+        for i in 0..200u32 {
+            let data: Vec<u8> = (0..20_000u32).map(|j| (j * 7 + i * 13) as u8).collect();
+            let id = repo.id_of(&data);
+            repo.add_blob(&mut builder, id, BlobKind::Data, &data, None, Vec::new());
+            ids.push(id);
+        }
+        repo.store_pack(builder).unwrap();
+        for _ in 0..20 {
+            repo.cache.lock().unwrap().frames.clear();
+            repo.cache.lock().unwrap().order.clear();
+            repo.cache.lock().unwrap().bytes = 0;
+            std::thread::scope(|s| {
+                for _ in 0..4 {
+                    s.spawn(|| {
+                        for id in &ids {
+                            repo.read_blob(id).unwrap();
+                        }
+                    });
+                }
+            });
+            let c = repo.cache.lock().unwrap();
+            let held: usize = c.frames.values().map(|f| f.len()).sum();
+            assert_eq!(c.bytes, held);
+            assert_eq!(c.order.len(), c.frames.len());
+        }
     }
 }
