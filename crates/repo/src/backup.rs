@@ -239,6 +239,9 @@ pub fn backup(
     })
 }
 
+/// Chunk bytes whose ids and super-features are computed at once, in parallel.
+const BATCH_BYTES: usize = 4 << 20;
+
 /// This machine's name.
 pub fn hostname() -> String {
     fs::read_to_string("/proc/sys/kernel/hostname")
@@ -455,47 +458,92 @@ impl Backup<'_, '_> {
         let mut stream = StreamChunker::new(chunker, f);
         let mut ids = Vec::new();
         let mut read = 0u64;
+        let mut batch: Vec<Vec<u8>> = Vec::new();
         loop {
-            let chunk = match stream.next_chunk() {
-                Ok(Some(c)) => c.to_vec(),
-                Ok(None) => break,
-                Err(e) => return Err(FileError::Read(std::io::Error::other(e.to_string()))),
-            };
-            read += chunk.len() as u64;
-            self.summary.bytes_read += chunk.len() as u64;
-            self.progress.bytes += chunk.len() as u64;
-            ids.push(self.store_chunk(&chunk).map_err(FileError::Repo)?);
-            if ids.len() % 64 == 0 {
-                (self.on_progress)(self.progress);
+            batch.clear();
+            let mut bytes = 0;
+            let mut end = false;
+            while bytes < BATCH_BYTES {
+                match stream.next_chunk() {
+                    Ok(Some(c)) => {
+                        bytes += c.len();
+                        batch.push(c.to_vec());
+                    }
+                    Ok(None) => {
+                        end = true;
+                        break;
+                    }
+                    Err(e) => return Err(FileError::Read(std::io::Error::other(e.to_string()))),
+                }
+            }
+            for (chunk, (id, features)) in batch.iter().zip(self.prepare(&batch)) {
+                read += chunk.len() as u64;
+                self.summary.bytes_read += chunk.len() as u64;
+                self.progress.bytes += chunk.len() as u64;
+                ids.push(
+                    self.store_chunk(chunk, id, features)
+                        .map_err(FileError::Repo)?,
+                );
+                if ids.len() % 64 == 0 {
+                    (self.on_progress)(self.progress);
+                }
+            }
+            if end {
+                return Ok((ids, read));
             }
         }
-        Ok((ids, read))
+    }
+
+    /// The ids of a batch of chunks, with the super-features of those the repository lacks,
+    /// computed on rayon's workers.
+    fn prepare(&self, batch: &[Vec<u8>]) -> Vec<(BlobId, Option<Vec<u64>>)> {
+        use rayon::prelude::*;
+        let repo = &*self.repo;
+        let sf = &self.config.super_features;
+        let one = |c: &Vec<u8>| {
+            let id = repo.id_of(c);
+            let features = (!repo.index().contains(&id)).then(|| sf.super_features(c));
+            (id, features)
+        };
+        if batch.len() > 1 {
+            batch.par_iter().map(one).collect()
+        } else {
+            batch.iter().map(one).collect()
+        }
     }
 
     /// Stores one chunk: nothing if known, else a delta against a similar whole chunk where
     /// that pays, else whole.
-    fn store_chunk(&mut self, chunk: &[u8]) -> Result<BlobId> {
-        let id = self.repo.id_of(chunk);
+    fn store_chunk(
+        &mut self,
+        chunk: &[u8],
+        id: BlobId,
+        features: Option<Vec<u64>>,
+    ) -> Result<BlobId> {
         if self.known(&id) {
             self.summary.chunks_duplicate += 1;
             self.summary.bytes_duplicate += chunk.len() as u64;
             return Ok(id);
         }
         let config = &self.config;
-        let features = config.super_features.super_features(chunk);
+        let features = features.unwrap_or_else(|| config.super_features.super_features(chunk));
         let limit = (chunk.len() as f64 * config.delta_worth) as usize;
         let mut base_used = None;
         for base_id in self.repo.index().similar(&features, config.top_k) {
-            let base = match self.pending.get(&base_id) {
-                Some(b) => b.clone(),
+            let stored;
+            let base: &[u8] = match self.pending.get(&base_id) {
+                Some(b) => b,
                 None => match self.repo.read_blob(&base_id) {
-                    Ok(b) => b,
+                    Ok(b) => {
+                        stored = b;
+                        &stored
+                    }
                     // A base that cannot be read is no base; check reports the damage.
                     Err(RepoError::Damaged(_) | RepoError::MissingBlob(_)) => continue,
                     Err(e) => return Err(e),
                 },
             };
-            encode_delta(&base, chunk, &mut self.delta);
+            encode_delta(base, chunk, &mut self.delta);
             if self.delta.len() < limit
                 && (base_used.is_none() || self.delta.len() < self.best.len())
             {
