@@ -28,6 +28,13 @@ enum Cmd {
     Init {
         #[command(flatten)]
         repo: RepoArgs,
+        /// Average chunk size of files, a power of two from 1KiB to 1MiB (chunks are a quarter
+        /// to eight times it); fixed for the repository's life.
+        #[arg(long, value_name = "SIZE", default_value = "8KiB")]
+        chunk_size: String,
+        /// Target size of packs, 4MiB to 64MiB.
+        #[arg(long, value_name = "SIZE", default_value = "16MiB")]
+        pack_size: String,
         /// Print the new repository's id as JSON.
         #[arg(long)]
         json: bool,
@@ -298,7 +305,12 @@ fn diff(repo: &Repository, a: &str, b: &str, json: bool) -> Result<()> {
 /// Runs the subcommand.
 pub fn run(args: Args) -> Result<()> {
     match args.cmd {
-        Cmd::Init { repo, json } => init(&repo, json),
+        Cmd::Init {
+            repo,
+            chunk_size,
+            pack_size,
+            json,
+        } => init(&repo, &chunk_size, &pack_size, json),
         Cmd::Snapshots { repo, json } => snapshots(&repo.open()?, json),
         Cmd::Ls {
             repo,
@@ -448,10 +460,32 @@ fn forget(
     Ok(())
 }
 
-fn init(args: &RepoArgs, json: bool) -> Result<()> {
+fn init(args: &RepoArgs, chunk_size: &str, pack_size: &str, json: bool) -> Result<()> {
+    let size = |what: &str, text: &str, range: std::ops::RangeInclusive<u64>| {
+        dedupwire_analyze::parse_size(text)
+            .map(|n| n as u64)
+            .filter(|n| range.contains(n))
+            .with_context(|| {
+                format!(
+                    "--{what} {text:?}: give a size from {} to {}, like 8KiB",
+                    human_bytes(*range.start()),
+                    human_bytes(*range.end())
+                )
+            })
+    };
+    let avg = size("chunk-size", chunk_size, 1 << 10..=1 << 20)?;
+    anyhow::ensure!(
+        avg.is_power_of_two(),
+        "--chunk-size {chunk_size:?}: give a power of two (4KiB, 8KiB, 16KiB, …)"
+    );
+    let mut config = Config::default();
+    config.chunker.avg = avg as usize;
+    config.chunker.min = (avg / 4) as usize;
+    config.chunker.max = (avg * 8) as usize;
+    config.pack_size = size("pack-size", pack_size, 4 << 20..=64 << 20)? as usize;
     let backend = args.create()?;
     let password = args.password(true)?;
-    let repo = Repository::init(backend, &password, RepoArgs::kdf(), Config::default())?;
+    let repo = Repository::init(backend, &password, RepoArgs::kdf(), config)?;
     if json {
         println!("{}", json!({ "id": repo.config().id, "repo": args.repo }));
     } else {

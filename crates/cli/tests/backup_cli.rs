@@ -632,3 +632,33 @@ fn vanishing_and_shrinking_files_leave_a_snapshot_of_what_was_read() {
     assert_eq!(files, taken, "{summary}");
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// `repo init --chunk-size` sets the repository's average chunk size; sizes it cannot use are
+/// refused with a message saying what it takes.
+#[test]
+fn the_chunk_size_is_chosen_at_init() {
+    let dir = tempdir("chunksize");
+    let src = dir.join("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("data"), noise(5, 2 << 20)).unwrap();
+    let mut chunks = Vec::new();
+    for size in ["4KiB", "32KiB"] {
+        let repo = dir.join(size);
+        run(&repo, &["repo", "init", "--chunk-size", size]);
+        let out = run(&repo, &["backup", "--json", src.to_str().unwrap()]);
+        chunks.push(json(&out)["chunks_whole"].as_u64().unwrap());
+    }
+    assert!(chunks[0] > 4 * chunks[1], "{chunks:?}");
+    for bad in ["3KiB", "2MiB", "lots"] {
+        let out = dedupwire(&dir.join(format!("bad-{bad}")))
+            .args(["repo", "init", "--chunk-size", bad])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("--chunk-size"),
+            "{err}"
+        );
+    }
+    let _ = fs::remove_dir_all(&dir);
+}
