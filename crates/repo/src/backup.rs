@@ -73,6 +73,9 @@ pub struct BackupResult {
 struct Backup<'r, 'p> {
     repo: &'r mut Repository,
     builder: PackBuilder,
+    /// Tree blobs, packed apart from file data so that reading a snapshot's trees opens few
+    /// frames (an unchanged backup reads them all).
+    trees: PackBuilder,
     /// Whole chunks in `builder`, readable as delta bases before the pack is stored.
     pending: HashMap<BlobId, Vec<u8>>,
     /// Every blob id in `builder`.
@@ -163,10 +166,12 @@ pub fn backup(
     };
     let lock = repo.lock(&host)?;
     let builder = repo.pack_builder();
+    let trees = repo.pack_builder();
     let repo_config = repo.config().clone();
     let mut b = Backup {
         repo,
         builder,
+        trees,
         pending: HashMap::new(),
         pending_ids: HashSet::new(),
         chunker,
@@ -616,24 +621,20 @@ impl Backup<'_, '_> {
         };
         match delta {
             Some(base) => self.repo.add_blob(
-                &mut self.builder,
+                &mut self.trees,
                 id,
                 BlobKind::TreeDelta,
                 &self.delta,
                 Some(base),
                 Vec::new(),
             ),
-            None => self.repo.add_blob(
-                &mut self.builder,
-                id,
-                BlobKind::Tree,
-                &json,
-                None,
-                Vec::new(),
-            ),
+            None => {
+                self.repo
+                    .add_blob(&mut self.trees, id, BlobKind::Tree, &json, None, Vec::new())
+            }
         }
         self.pending_ids.insert(id);
-        if self.builder.size() >= self.config.pack_size {
+        if self.trees.size() >= self.config.pack_size {
             self.flush()?;
         }
         Ok(id)
@@ -645,7 +646,8 @@ impl Backup<'_, '_> {
         }
     }
 
-    /// Stores the pack being built (and its index file), refreshing the lock now and then.
+    /// Stores the packs being built (data, then trees; each with its index file), refreshing
+    /// the lock now and then.
     fn flush(&mut self) -> Result<()> {
         if let Some((old, at)) = &self.lock {
             let now = std::time::SystemTime::now()
@@ -657,9 +659,16 @@ impl Backup<'_, '_> {
                 let _ = self.repo.unlock(&old);
             }
         }
-        let builder = std::mem::replace(&mut self.builder, self.repo.pack_builder());
-        if let Some((_, added)) = self.repo.store_pack(builder)? {
-            self.summary.bytes_added += added;
+        for trees in [false, true] {
+            let next = self.repo.pack_builder();
+            let builder = if trees {
+                std::mem::replace(&mut self.trees, next)
+            } else {
+                std::mem::replace(&mut self.builder, next)
+            };
+            if let Some((_, added)) = self.repo.store_pack(builder)? {
+                self.summary.bytes_added += added;
+            }
         }
         self.pending.clear();
         self.pending_ids.clear();
