@@ -97,6 +97,10 @@ enum Cmd {
         /// Prune afterwards.
         #[arg(long)]
         prune: bool,
+        /// With --prune: delete a pack marked for deletion only once marked this long ago
+        /// (e.g. 30m, 1h, 2d; 0s: in this run, when no running backup may use it).
+        #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
+        keep_delete: std::time::Duration,
         /// The result as JSON: {keep: [ids], forget: [ids], prune: {...} or null}.
         #[arg(long)]
         json: bool,
@@ -111,6 +115,10 @@ enum Cmd {
         /// Rewrite packs whose live share is below this (0 never, 1 every partly used pack).
         #[arg(long, value_name = "SHARE", default_value_t = 0.5)]
         repack_below: f64,
+        /// Delete a pack marked for deletion only once marked this long ago (e.g. 30m, 1h,
+        /// 2d; 0s: in this run, when no running backup may use it).
+        #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_duration)]
+        keep_delete: std::time::Duration,
         /// The result as JSON.
         #[arg(long)]
         json: bool,
@@ -352,6 +360,7 @@ pub fn run(args: Args) -> Result<()> {
             keep_monthly,
             dry_run,
             prune,
+            keep_delete,
             json,
         } => {
             let policy = KeepPolicy {
@@ -360,18 +369,25 @@ pub fn run(args: Args) -> Result<()> {
                 weekly: keep_weekly,
                 monthly: keep_monthly,
             };
-            forget(&mut repo.open()?, &policy, dry_run, prune, json)
+            let then_prune = prune.then_some(keep_delete);
+            forget(&mut repo.open()?, &policy, dry_run, then_prune, json)
         }
         Cmd::Prune {
             repo,
             dry_run,
             repack_below,
+            keep_delete,
             json,
         } => {
             if !(0.0..=1.0).contains(&repack_below) {
                 bail!("--repack-below {repack_below}: a share between 0 and 1");
             }
-            let r = prune::prune(&mut repo.open()?, repack_below, dry_run)?;
+            let opts = prune::PruneOptions {
+                repack_below,
+                keep_delete,
+                dry_run,
+            };
+            let r = prune::prune_with(&mut repo.open()?, &opts)?;
             print_prune(&r, dry_run, json);
             Ok(())
         }
@@ -385,6 +401,9 @@ fn prune_json(r: &prune::PruneReport) -> serde_json::Value {
         "packs_deleted": r.packs_deleted,
         "packs_repacked": r.packs_repacked,
         "packs_unindexed": r.packs_unindexed,
+        "packs_marked": r.packs_marked,
+        "packs_recovered": r.packs_recovered,
+        "packs_pending": r.packs_pending,
         "bytes_freed": r.bytes_freed,
         "bytes_written": r.bytes_written,
     })
@@ -397,14 +416,17 @@ fn print_prune(r: &prune::PruneReport, dry_run: bool, json: bool) {
     }
     let would = if dry_run { "would free" } else { "freed" };
     eprintln!(
-        "prune: {} blobs live, {} unused; {} packs deleted, {} repacked ({} written), {} \
-         left by interrupted runs; {would} {}",
+        "prune: {} blobs live, {} unused; {} packs deleted, {} repacked ({} written), {} in \
+         no index; {} marked for deletion, {} unmarked (used again), {} waiting; {would} {}",
         r.blobs_live,
         r.blobs_unused,
         r.packs_deleted,
         r.packs_repacked,
         human_bytes(r.bytes_written),
         r.packs_unindexed,
+        r.packs_marked,
+        r.packs_recovered,
+        r.packs_pending,
         human_bytes(r.bytes_freed)
     );
 }
@@ -413,7 +435,7 @@ fn forget(
     repo: &mut Repository,
     policy: &KeepPolicy,
     dry_run: bool,
-    then_prune: bool,
+    then_prune: Option<std::time::Duration>,
     json: bool,
 ) -> Result<()> {
     if policy.is_empty() {
@@ -427,10 +449,15 @@ fn forget(
     if !dry_run {
         prune::forget(repo, &gone)?;
     }
-    let pruned = if then_prune && !dry_run {
-        Some(prune::prune(repo, 0.5, false)?)
-    } else {
-        None
+    let pruned = match then_prune {
+        Some(keep_delete) if !dry_run => Some(prune::prune_with(
+            repo,
+            &prune::PruneOptions {
+                keep_delete,
+                ..prune::PruneOptions::default()
+            },
+        )?),
+        _ => None,
     };
     if json {
         println!(
@@ -448,7 +475,7 @@ fn forget(
         "{verb} {} snapshots, kept {}{}",
         gone.len(),
         keep.len(),
-        if !then_prune && !dry_run && !gone.is_empty() {
+        if then_prune.is_none() && !dry_run && !gone.is_empty() {
             "; their data goes at the next `dedupwire repo prune`"
         } else {
             ""
@@ -458,6 +485,27 @@ fn forget(
         print_prune(r, false, false);
     }
     Ok(())
+}
+
+/// A duration: a number and a unit, `s`, `m`, `h` or `d` (`90s`, `30m`, `1h`, `2d`).
+fn parse_duration(text: &str) -> std::result::Result<std::time::Duration, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (n, unit) = text.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{text:?}: a number then s, m, h or d (e.g. 1h)"))?;
+    let per = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("{text:?}: the unit is s, m, h or d (e.g. 1h)")),
+    };
+    n.checked_mul(per)
+        .map(std::time::Duration::from_secs)
+        .ok_or_else(|| format!("{text:?}: too long"))
 }
 
 fn init(args: &RepoArgs, chunk_size: &str, pack_size: &str, json: bool) -> Result<()> {

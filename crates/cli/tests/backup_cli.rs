@@ -316,7 +316,17 @@ fn a_killed_prune_loses_nothing_and_a_finished_one_frees_space() {
         let _ = fs::remove_dir_all(&target);
     }
     // Every partly used pack rewritten: what is left is the kept snapshot's data.
-    run(&repo, &["repo", "prune", "--repack-below", "1"]);
+    run(
+        &repo,
+        &[
+            "repo",
+            "prune",
+            "--repack-below",
+            "1",
+            "--keep-delete",
+            "0s",
+        ],
+    );
     let check = json(&run(&repo, &["repo", "check", "--read-data", "--json"]));
     assert_eq!(check["errors"].as_array().map(Vec::len), Some(0), "{check}");
     assert_eq!(check["unindexed_packs"], 0, "{check}");

@@ -228,7 +228,16 @@ fn init_backup_twice_restore_check_prune_on_s3() {
     let forgot = json(&run(
         &server,
         &url,
-        &["repo", "forget", "--keep-last", "1", "--prune", "--json"],
+        &[
+            "repo",
+            "forget",
+            "--keep-last",
+            "1",
+            "--prune",
+            "--keep-delete",
+            "0s",
+            "--json",
+        ],
     ));
     assert_eq!(
         forgot["forget"].as_array().map(Vec::len),

@@ -90,7 +90,8 @@ struct Backup<'r, 'p> {
     delta: Vec<u8>,
     best: Vec<u8>,
     config: crate::repository::Config,
-    /// The lock object that keeps prune away, and when it was last refreshed.
+    /// The lock object that keeps prune from deleting what this backup may use (held until
+    /// the snapshot is stored), and when it was last refreshed.
     lock: Option<(String, i64)>,
     /// The parent snapshot's files cache.
     old_stamps: Option<FilesCache>,
@@ -145,8 +146,10 @@ pub fn backup(
             .rev()
             .find(|(_, s)| s.host == host && s.paths == path_texts),
     };
+    // Read before the lock is taken: a prune may have just rewritten it elsewhere. Without
+    // it, every file is read.
     let parent_tree = match &parent {
-        Some((_, s)) => Some(repo.read_tree(&s.tree)?),
+        Some((_, s)) => repo.read_tree(&s.tree).ok(),
         None => None,
     };
     let c = repo.config().chunker;
@@ -203,7 +206,6 @@ pub fn backup(
     }
     let tree = b.store_tree(&root, parent.as_ref().map(|(_, s)| s.tree))?;
     b.flush()?;
-    b.release_lock();
     let snapshot = Snapshot {
         version: SNAPSHOT_VERSION,
         time_ns,
@@ -602,14 +604,16 @@ impl Backup<'_, '_> {
         if self.known(&id) {
             return Ok(id);
         }
-        let base = old.and_then(|old| {
-            let loc = self.repo.index().get(&old)?;
-            match loc.kind {
-                BlobKind::Tree => Some(old),
-                BlobKind::TreeDelta => loc.base,
-                _ => None,
-            }
-        });
+        let base = old
+            .and_then(|old| {
+                let loc = self.repo.index().get(&old)?;
+                match loc.kind {
+                    BlobKind::Tree => Some(old),
+                    BlobKind::TreeDelta => loc.base,
+                    _ => None,
+                }
+            })
+            .filter(|b| self.repo.index().contains(b));
         let delta = match base.map(|b| (b, self.repo.read_blob(&b))) {
             Some((b, Ok(bytes))) => {
                 encode_delta(&bytes, &json, &mut self.delta);

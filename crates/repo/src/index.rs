@@ -19,6 +19,27 @@ pub struct IndexFile {
     pub version: u32,
     /// The packs it describes.
     pub packs: Vec<PackRecord>,
+    /// Written by a prune: its generation, one more than the highest it read (0: a backup's).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub generation: u64,
+    /// Written by a prune: packs marked for deletion, readable but offered to no backup.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending: Vec<PendingPack>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// A pack a prune marked for deletion: a later prune deletes it or, if used again, keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingPack {
+    /// The pack's name.
+    pub name: String,
+    /// When it was marked, ns since 1970.
+    pub marked_ns: i64,
+    /// The generation of the index file that marked it.
+    pub generation: u64,
 }
 
 /// A pack in an index file.
@@ -58,6 +79,8 @@ const MAX_PER_FEATURE: usize = 8;
 /// Every blob of a repository and the super-features of its whole chunks.
 pub struct Index {
     packs: Vec<(String, u64)>,
+    /// Per pack: marked for deletion (its blobs are read, never offered for dedup).
+    pending: Vec<bool>,
     pack_numbers: HashMap<String, u32>,
     blobs: HashMap<BlobId, Location>,
     features: CandidateIndex<BlobId>,
@@ -67,6 +90,7 @@ impl Default for Index {
     fn default() -> Self {
         Index {
             packs: Vec::new(),
+            pending: Vec::new(),
             pack_numbers: HashMap::new(),
             blobs: HashMap::new(),
             features: CandidateIndex::new(MAX_PER_FEATURE),
@@ -75,20 +99,36 @@ impl Default for Index {
 }
 
 impl Index {
-    /// Adds what a pack holds (a blob already indexed elsewhere keeps its first place; a
-    /// pack listed by two index files, as after an interrupted prune, is added once).
+    /// Adds what a pack holds (a blob already indexed elsewhere keeps its first place unless
+    /// that is a pack marked for deletion; a pack listed by two index files, as after an
+    /// interrupted prune, is added once).
     pub fn add_pack(&mut self, name: &str, size: u64, contents: &PackTrailer) {
+        self.insert_pack(name, size, contents, false);
+    }
+
+    /// Adds a pack marked for deletion: its blobs can be read, but [`Index::contains`] and
+    /// [`Index::similar`] do not offer them (add such packs after all others).
+    pub fn add_pending_pack(&mut self, name: &str, size: u64, contents: &PackTrailer) {
+        self.insert_pack(name, size, contents, true);
+    }
+
+    fn insert_pack(&mut self, name: &str, size: u64, contents: &PackTrailer, pending: bool) {
         if self.pack_numbers.contains_key(name) {
             return;
         }
         let no = self.packs.len() as u32;
         self.packs.push((name.to_string(), size));
+        self.pending.push(pending);
         self.pack_numbers.insert(name.to_string(), no);
         for b in &contents.blobs {
             let Some(frame) = contents.frames.get(b.frame as usize) else {
                 continue;
             };
-            if self.blobs.contains_key(&b.id) {
+            if self
+                .blobs
+                .get(&b.id)
+                .is_some_and(|l| pending || !self.pending[l.pack as usize])
+            {
                 continue;
             }
             self.blobs.insert(
@@ -102,7 +142,7 @@ impl Index {
                     base: b.base,
                 },
             );
-            if b.kind == BlobKind::Data && !b.features.is_empty() {
+            if !pending && b.kind == BlobKind::Data && !b.features.is_empty() {
                 self.features.insert(b.id, &b.features);
             }
         }
@@ -120,9 +160,17 @@ impl Index {
         self.blobs.get(id)
     }
 
-    /// Whether the repository holds `id`.
+    /// Whether the repository holds `id` in a pack not marked for deletion (what a backup may
+    /// reference).
     pub fn contains(&self, id: &BlobId) -> bool {
-        self.blobs.contains_key(id)
+        self.blobs
+            .get(id)
+            .is_some_and(|l| !self.pending[l.pack as usize])
+    }
+
+    /// Whether pack `no` is marked for deletion.
+    pub fn is_pending(&self, no: u32) -> bool {
+        self.pending[no as usize]
     }
 
     /// The name and size of pack `no`.

@@ -1,19 +1,26 @@
-//! `forget` and `prune`: dropping snapshots by a keep policy, then the blobs no snapshot needs.
+//! `forget` and `prune`: dropping snapshots by a keep policy, then the blobs no snapshot needs,
+//! while backups keep running.
 //!
 //! **Mark**: every tree and chunk a snapshot names is live, and so is the base of every live
-//! delta (a base lives while a delta needs it). **Sweep**: a pack with no live blob is
-//! deleted; a pack whose live share is below `repack_below` has its live blobs copied into new
-//! packs, then goes too. The order keeps the repository valid at every step, so a prune killed
-//! at any moment loses nothing: new packs and their index first, then one index file for every
-//! pack kept, then the old index files, then the unused packs (a pack in no index is harmless
-//! and goes at the next prune).
+//! delta. **Sweep**, in two phases: a pack with nothing live is not deleted but *marked* (its
+//! blobs stay readable and are offered to no backup); a pack whose live share is below
+//! `repack_below` has its live blobs copied into new packs and is marked too. A later prune
+//! deletes a marked pack once its mark is older than `keep_delete` and every running backup
+//! works from an index that already had the mark; if a snapshot uses it again, it is
+//! unmarked. Prune writes new packs (each with its index file), then one index file of the
+//! next generation for every pack it read, marks included, then deletes the index files it
+//! read (never ones written since), then the packs it deletes: a prune killed at any moment
+//! loses nothing. `crates/repo/FORMAT.md` ("Prune and running backups") has the argument.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
 
 use crate::backend::ObjectKind;
 use crate::blob::{BlobId, BlobKind};
-use crate::index::{IndexFile, INDEX_VERSION};
-use crate::repository::{random_name, RepoError, Repository, Result};
+use crate::index::{IndexFile, PackRecord, PendingPack, INDEX_VERSION};
+use crate::repository::{
+    generation_name, name_generation, now_ns, LockInfo, RepoError, Repository, Result,
+};
 use crate::snapshot::Snapshot;
 use crate::tree::NodeKind;
 
@@ -100,6 +107,31 @@ pub fn forget(repo: &Repository, ids: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// How a prune runs.
+#[derive(Debug, Clone)]
+pub struct PruneOptions {
+    /// Packs with a smaller live share are rewritten (0.0: never repack).
+    pub repack_below: f64,
+    /// A marked pack is deleted only once marked this long ago. Zero: a second pass in the
+    /// same run deletes what the first marked, unless a running backup may use it.
+    pub keep_delete: Duration,
+    /// Count only.
+    pub dry_run: bool,
+}
+
+/// The default of `keep_delete`.
+pub const KEEP_DELETE: Duration = Duration::from_secs(3600);
+
+impl Default for PruneOptions {
+    fn default() -> Self {
+        PruneOptions {
+            repack_below: 0.5,
+            keep_delete: KEEP_DELETE,
+            dry_run: false,
+        }
+    }
+}
+
 /// What a prune did (or, dry, would do).
 #[derive(Debug, Clone, Default)]
 pub struct PruneReport {
@@ -107,12 +139,18 @@ pub struct PruneReport {
     pub blobs_live: u64,
     /// Blobs no snapshot needs.
     pub blobs_unused: u64,
-    /// Packs deleted whole (nothing live in them).
+    /// Marked packs deleted.
     pub packs_deleted: u64,
-    /// Packs whose live blobs were copied into new packs, then deleted.
+    /// Packs whose live blobs were copied into new packs (then marked).
     pub packs_repacked: u64,
-    /// Packs in no index (left by an interrupted backup or prune), deleted.
+    /// Packs in no index (left by an interrupted backup or prune, or being written), marked.
     pub packs_unindexed: u64,
+    /// Packs newly marked for deletion (the repacked and unindexed ones included).
+    pub packs_marked: u64,
+    /// Marked packs a snapshot uses again: unmarked.
+    pub packs_recovered: u64,
+    /// Packs left marked, to be deleted by a later prune.
+    pub packs_pending: u64,
     /// Bytes of packs deleted.
     pub bytes_freed: u64,
     /// Bytes of new packs written.
@@ -141,32 +179,139 @@ pub fn live_blobs(repo: &Repository) -> Result<HashSet<BlobId>> {
         .collect();
     live.extend(bases);
     for id in &live {
-        if !repo.index().contains(id) {
+        if repo.index().get(id).is_none() {
             return Err(RepoError::MissingBlob(*id));
         }
     }
     Ok(live)
 }
 
-/// Removes what no snapshot needs. `repack_below`: packs with a smaller live share are
+/// Removes what no snapshot needs, with no grace period: marks, then deletes in a second
+/// pass what no running backup may use. `repack_below`: packs with a smaller live share are
 /// rewritten (0.0: never repack). `dry_run`: count only.
 pub fn prune(repo: &mut Repository, repack_below: f64, dry_run: bool) -> Result<PruneReport> {
+    prune_with(
+        repo,
+        &PruneOptions {
+            repack_below,
+            keep_delete: Duration::ZERO,
+            dry_run,
+        },
+    )
+}
+
+/// Removes what no snapshot needs (see the module's documentation). Backups may run
+/// meanwhile; another prune may not (it is refused).
+pub fn prune_with(repo: &mut Repository, opts: &PruneOptions) -> Result<PruneReport> {
     let host = crate::backup::hostname();
-    for (name, lock) in repo.locks()? {
-        if lock.live(&host) {
+    let own = if opts.dry_run {
+        None
+    } else {
+        Some(prune_lock(repo, &host)?)
+    };
+    let result = (|| {
+        let mut report = pass(repo, opts, own.as_deref(), &host)?;
+        if opts.keep_delete.is_zero() && !opts.dry_run && report.packs_marked > 0 {
+            let second = pass(repo, opts, own.as_deref(), &host)?;
+            report.packs_deleted += second.packs_deleted;
+            report.packs_marked += second.packs_marked;
+            report.packs_recovered += second.packs_recovered;
+            report.packs_pending = second.packs_pending;
+            report.bytes_freed += second.bytes_freed;
+            report.bytes_written += second.bytes_written;
+        }
+        Ok(report)
+    })();
+    if let Some(name) = own {
+        let _ = repo.backend().delete(ObjectKind::Lock, &name);
+    }
+    result
+}
+
+/// Takes the prune lock: refused while another prune holds a live one.
+fn prune_lock(repo: &Repository, host: &str) -> Result<String> {
+    let info = LockInfo {
+        host: host.to_string(),
+        pid: std::process::id(),
+        time_ns: now_ns(),
+        index_gen: Some(repo.index_generation()),
+        prune: true,
+    };
+    let name = repo.write_lock(&info)?;
+    for (other, lock) in repo.locks()? {
+        if other != name && lock.prune && lock.live(host) {
+            let _ = repo.backend().delete(ObjectKind::Lock, &name);
             return Err(RepoError::Invalid(format!(
-                "a backup is running (host {}, process {}, since {}): prune would delete what \
-                 it is storing; run prune when it has finished",
+                "another prune is running (host {}, process {}, since {}); run this one when \
+                 it has finished",
                 lock.host,
                 lock.pid,
                 crate::time::rfc3339(lock.time_ns.div_euclid(1_000_000_000))
             )));
         }
-        if !dry_run {
+    }
+    Ok(name)
+}
+
+/// What becomes of a pack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    Keep,
+    Repack,
+    Mark,
+    Wait,
+    Delete,
+}
+
+/// One prune pass: marks, unmarks, repacks, deletes what is due, writes the next generation.
+fn pass(
+    repo: &mut Repository,
+    opts: &PruneOptions,
+    own: Option<&str>,
+    host: &str,
+) -> Result<PruneReport> {
+    // The oldest index generation a running backup works from. Locks are listed before the
+    // snapshots: a backup not seen running here has stored its snapshot (listed below), or
+    // had not taken its lock, and then it reads a newer index (`Repository::lock`).
+    let mut oldest = u64::MAX;
+    for (name, lock) in repo.locks()? {
+        if Some(name.as_str()) == own {
+            continue;
+        }
+        if lock.live(host) {
+            if !lock.prune {
+                oldest = oldest.min(lock.index_gen.unwrap_or(0));
+            }
+        } else if !opts.dry_run {
             repo.backend().delete(ObjectKind::Lock, &name)?;
         }
     }
-    let live = live_blobs(repo)?;
+    let listed: HashSet<String> = repo
+        .backend()
+        .list(ObjectKind::Index)?
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    if listed != repo.index_files().iter().cloned().collect() {
+        repo.load_index()?;
+    }
+    let live = match live_blobs(repo) {
+        // A snapshot stored since the index was read, by a backup whose last index file
+        // came after it.
+        Err(RepoError::MissingBlob(_)) => {
+            repo.load_index()?;
+            live_blobs(repo)?
+        }
+        r => r?,
+    };
+
+    let mut records: HashMap<String, PackRecord> = HashMap::new();
+    for name in repo.index_files().to_vec() {
+        for p in repo.read_index_file(&name)?.packs {
+            records.entry(p.name.clone()).or_insert(p);
+        }
+    }
+
     let mut report = PruneReport::default();
     let mut per_pack: HashMap<u32, (u64, u64)> = HashMap::new();
     for (id, loc) in repo.index().blobs() {
@@ -179,42 +324,99 @@ pub fn prune(repo: &mut Repository, repack_below: f64, dry_run: bool) -> Result<
             report.blobs_unused += 1;
         }
     }
-    let packs: Vec<(u32, String, u64)> = repo
-        .index()
-        .packs()
-        .enumerate()
-        .map(|(no, (name, size))| (no as u32, name.to_string(), size))
-        .collect();
-    let mut delete: Vec<(String, u64)> = Vec::new();
-    let mut repack: HashSet<u32> = HashSet::new();
-    let mut keep: Vec<u32> = Vec::new();
-    for (no, name, size) in &packs {
-        let (live_bytes, all_bytes) = per_pack.get(no).copied().unwrap_or((0, 0));
-        if live_bytes == 0 {
-            report.packs_deleted += 1;
-            delete.push((name.clone(), *size));
-        } else if (live_bytes as f64) < repack_below * all_bytes as f64 {
-            report.packs_repacked += 1;
-            repack.insert(*no);
-            delete.push((name.clone(), *size));
-        } else {
-            keep.push(*no);
+    let now = now_ns();
+    let generation = repo.index_generation() + 1;
+    let grace = i64::try_from(opts.keep_delete.as_nanos()).unwrap_or(i64::MAX);
+    let due = |p: &PendingPack| now.saturating_sub(p.marked_ns) >= grace && oldest >= p.generation;
+    let pending = repo.pending_packs().clone();
+    let mut fates: BTreeMap<String, (Fate, u64, Option<u32>)> = BTreeMap::new();
+    for (no, (name, size)) in repo.index().packs().enumerate() {
+        let no = no as u32;
+        let (live_bytes, all_bytes) = per_pack.get(&no).copied().unwrap_or((0, 0));
+        let fate = match pending.get(name) {
+            Some(_) if live_bytes > 0 => {
+                report.packs_recovered += 1;
+                Fate::Keep
+            }
+            Some(p) if due(p) => Fate::Delete,
+            Some(_) => Fate::Wait,
+            None if live_bytes == 0 => Fate::Mark,
+            None if (live_bytes as f64) < opts.repack_below * all_bytes as f64 => Fate::Repack,
+            None => Fate::Keep,
+        };
+        fates.insert(name.to_string(), (fate, size, Some(no)));
+    }
+    for (name, size) in repo.backend().list(ObjectKind::Pack)? {
+        if fates.contains_key(&name) {
+            continue;
+        }
+        let fate = match pending.get(&name) {
+            Some(p) if due(p) => Fate::Delete,
+            Some(_) => Fate::Wait,
+            None => {
+                report.packs_unindexed += 1;
+                Fate::Mark
+            }
+        };
+        fates.insert(name, (fate, size, None));
+    }
+
+    // A pack that stays keeps the bases of its deltas, live or not, so that every pack in
+    // the index can be read whole (`check --read-data`).
+    loop {
+        let mut spared = Vec::new();
+        for (name, (fate, _, _)) in &fates {
+            if *fate == Fate::Delete {
+                continue;
+            }
+            let Some(record) = records.get(name) else {
+                continue;
+            };
+            for b in &record.contents.blobs {
+                let Some(base) = b.base.and_then(|base| repo.index().get(&base)) else {
+                    continue;
+                };
+                let base_pack = repo.index().pack(base.pack).0;
+                if fates.get(base_pack).is_some_and(|f| f.0 == Fate::Delete) {
+                    spared.push(base_pack.to_string());
+                }
+            }
+        }
+        if spared.is_empty() {
+            break;
+        }
+        for name in spared {
+            if let Some(f) = fates.get_mut(&name) {
+                f.0 = Fate::Wait;
+            }
         }
     }
-    let indexed: HashSet<&str> = packs.iter().map(|(_, n, _)| n.as_str()).collect();
-    let stored = repo.backend().list(ObjectKind::Pack)?;
-    for (name, size) in &stored {
-        if !indexed.contains(name.as_str()) {
-            report.packs_unindexed += 1;
-            delete.push((name.clone(), *size));
+    for (fate, size, _) in fates.values() {
+        match fate {
+            Fate::Delete => {
+                report.packs_deleted += 1;
+                report.bytes_freed += size;
+            }
+            Fate::Repack => {
+                report.packs_repacked += 1;
+                report.packs_marked += 1;
+            }
+            Fate::Mark => report.packs_marked += 1,
+            Fate::Wait => report.packs_pending += 1,
+            Fate::Keep => {}
         }
     }
-    report.bytes_freed = delete.iter().map(|(_, s)| s).sum();
-    if dry_run {
+    report.packs_pending += report.packs_marked;
+    if opts.dry_run {
         return Ok(report);
     }
 
     // 1. Live blobs of the packs to repack, into new packs (each stored with its index file).
+    let repack: HashSet<u32> = fates
+        .values()
+        .filter(|f| f.0 == Fate::Repack)
+        .filter_map(|f| f.2)
+        .collect();
     let mut to_copy: Vec<(BlobId, crate::index::Location)> = repo
         .index()
         .blobs()
@@ -222,86 +424,73 @@ pub fn prune(repo: &mut Repository, repack_below: f64, dry_run: bool) -> Result<
         .map(|(id, loc)| (*id, *loc))
         .collect();
     to_copy.sort_by_key(|(_, l)| (l.pack, l.frame.offset, l.offset));
-    let features = feature_map(repo, &repack)?;
+    let mut features: HashMap<BlobId, Vec<u64>> = HashMap::new();
+    for no in &repack {
+        if let Some(r) = records.get(repo.index().pack(*no).0) {
+            for b in &r.contents.blobs {
+                if b.kind == BlobKind::Data && !b.features.is_empty() {
+                    features.insert(b.id, b.features.clone());
+                }
+            }
+        }
+    }
     let mut builder = repo.pack_builder();
-    let mut kept_names: HashSet<String> = keep
-        .iter()
-        .map(|no| repo.index().pack(*no).0.to_string())
-        .collect();
     for (id, loc) in to_copy {
         let bytes = repo.raw_blob(&loc)?;
         let f = features.get(&id).cloned().unwrap_or_default();
         repo.add_blob(&mut builder, id, loc.kind, &bytes, loc.base, f);
         if builder.size() >= repo.config().pack_size {
             let b = std::mem::replace(&mut builder, repo.pack_builder());
-            if let Some((name, added)) = repo.store_pack(b)? {
+            if let Some((_, added)) = repo.store_pack(b)? {
                 report.bytes_written += added;
-                kept_names.insert(name);
             }
         }
     }
-    if let Some((name, added)) = repo.store_pack(builder)? {
+    if let Some((_, added)) = repo.store_pack(builder)? {
         report.bytes_written += added;
-        kept_names.insert(name);
     }
 
-    // 2. One index file for every pack kept (the new ones included), then every other index
-    //    file goes: the packs to delete are then in no index.
-    let indexes = repo.backend().list(ObjectKind::Index)?;
+    // 2. The next generation: one index file for every pack read and not deleted, with the
+    //    marks; then the index files read (not those written since) go, then the packs.
     let mut file = IndexFile {
         version: INDEX_VERSION,
-        packs: Vec::new(),
+        generation,
+        ..IndexFile::default()
     };
-    let mut listed: HashSet<String> = HashSet::new();
-    for (name, _) in &indexes {
-        for p in repo.read_index_file(name)?.packs {
-            if kept_names.contains(&p.name) && listed.insert(p.name.clone()) {
-                file.packs.push(p);
-            }
+    for (name, (fate, _, _)) in &fates {
+        let mark = match fate {
+            Fate::Delete => continue,
+            Fate::Keep => None,
+            Fate::Wait => pending.get(name).cloned(),
+            Fate::Mark | Fate::Repack => Some(PendingPack {
+                name: name.clone(),
+                marked_ns: now,
+                generation,
+            }),
+        };
+        if let Some(r) = records.remove(name) {
+            file.packs.push(r);
         }
-    }
-    if listed.len() != kept_names.len() {
-        return Err(RepoError::Damaged(format!(
-            "prune: {} packs to keep are in no index file; nothing was deleted",
-            kept_names.len() - listed.len()
-        )));
+        file.pending.extend(mark);
     }
     let json = serde_json::to_vec(&file).expect("serializable");
     let sealed = repo
         .key()
         .seal(&zstd::bulk::compress(&json, 3).expect("zstd compresses"));
     repo.backend()
-        .put_new(ObjectKind::Index, &random_name(), &sealed)?;
-    for (name, _) in &indexes {
+        .put_new(ObjectKind::Index, &generation_name(generation), &sealed)?;
+    let mut old: Vec<&String> = repo.index_files().iter().collect();
+    old.sort_by_key(|n| (name_generation(n), n.as_str()));
+    for name in old {
         repo.backend().delete(ObjectKind::Index, name)?;
     }
-
-    // 3. The packs nothing indexes any more.
-    for (name, _) in &delete {
-        repo.backend().delete(ObjectKind::Pack, name)?;
+    for (name, (fate, _, _)) in &fates {
+        if *fate == Fate::Delete {
+            repo.backend().delete(ObjectKind::Pack, name)?;
+        }
     }
     repo.load_index()?;
     Ok(report)
-}
-
-/// The super-features of the whole chunks in packs about to be repacked, from the index
-/// files (which hold them), so that the copies stay findable as delta bases.
-fn feature_map(repo: &Repository, packs: &HashSet<u32>) -> Result<HashMap<BlobId, Vec<u64>>> {
-    let names: HashSet<&str> = packs.iter().map(|&no| repo.index().pack(no).0).collect();
-    let mut out = HashMap::new();
-    for (index, _) in repo.backend().list(ObjectKind::Index)? {
-        for p in repo.read_index_file(&index)?.packs {
-            if !names.contains(p.name.as_str()) {
-                continue;
-            }
-            for b in p.contents.blobs {
-                if b.kind == BlobKind::Data && !b.features.is_empty() {
-                    out.insert(b.id, b.features);
-                }
-            }
-        }
-    }
-    Ok(out)
 }
 
 #[cfg(test)]
@@ -333,6 +522,45 @@ mod tests {
         assert_eq!(keep.len() + forget.len(), snaps.len());
         keep.sort();
         keep
+    }
+
+    #[test]
+    fn frozen_index_file_vector() {
+        let file = IndexFile {
+            version: INDEX_VERSION,
+            packs: Vec::new(),
+            generation: 3,
+            pending: vec![PendingPack {
+                name: "ab".to_string(),
+                marked_ns: 5,
+                generation: 2,
+            }],
+        };
+        let json = r#"{"version":1,"packs":[],"generation":3,"pending":[{"name":"ab","marked_ns":5,"generation":2}]}"#;
+        assert_eq!(serde_json::to_string(&file).unwrap(), json);
+        assert_eq!(serde_json::from_str::<IndexFile>(json).unwrap(), file);
+        let backup = r#"{"version":1,"packs":[]}"#;
+        let old: IndexFile = serde_json::from_str(backup).unwrap();
+        assert_eq!((old.generation, old.pending.len()), (0, 0));
+        assert_eq!(serde_json::to_string(&old).unwrap(), backup);
+    }
+
+    #[test]
+    fn frozen_lock_vector() {
+        let lock = LockInfo {
+            host: "vm".to_string(),
+            pid: 7,
+            time_ns: 9,
+            index_gen: Some(3),
+            prune: true,
+        };
+        let json = r#"{"host":"vm","pid":7,"time_ns":9,"index_gen":3,"prune":true}"#;
+        assert_eq!(serde_json::to_string(&lock).unwrap(), json);
+        assert_eq!(serde_json::from_str::<LockInfo>(json).unwrap(), lock);
+        let old: LockInfo = serde_json::from_str(r#"{"host":"vm","pid":7,"time_ns":9}"#).unwrap();
+        assert_eq!((old.index_gen, old.prune), (None, false));
+        assert_eq!(name_generation(&generation_name(12)), 12);
+        assert_eq!(name_generation(&"0a".repeat(16)), 0);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! A repository opened with its password: config, index, blob reads and writes, snapshots.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 
 use dedupwire_engine::delta::{DeltaCodec, Sampled};
@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend::{Backend, BackendError, ObjectKind};
 use crate::blob::{BlobId, BlobKind};
 use crate::crypto::{CryptoError, KdfParams, MasterKey};
-use crate::index::{Index, IndexFile, Location, PackRecord, INDEX_VERSION};
+use crate::index::{Index, IndexFile, Location, PackRecord, PendingPack, INDEX_VERSION};
 use crate::pack::{open_frame, BlobEntry, FrameEntry, PackBuilder};
 use crate::snapshot::{Snapshot, SNAPSHOT_VERSION};
 
@@ -141,6 +141,18 @@ pub struct Repository {
     config: Config,
     ids: Fingerprinter,
     index: Index,
+    /// The index files `index` was read from.
+    index_files: Vec<String>,
+    /// The highest generation among them.
+    index_gen: u64,
+    /// Packs they mark for deletion.
+    pending: HashMap<String, PendingPack>,
+    /// Locks this process holds, and the index generation they record.
+    held_locks: HashSet<String>,
+    lock_gen: u64,
+    /// Locks released while another is held (a refresh): deleted at the next refresh, so that
+    /// a listing made during a refresh still finds a lock untouched throughout.
+    retired_locks: Vec<String>,
     cache: Mutex<FrameCache>,
 }
 
@@ -223,20 +235,98 @@ impl Repository {
             config,
             ids,
             index: Index::default(),
+            index_files: Vec::new(),
+            index_gen: 0,
+            pending: HashMap::new(),
+            held_locks: HashSet::new(),
+            lock_gen: 0,
+            retired_locks: Vec::new(),
             cache: Mutex::default(),
         }
     }
 
-    /// Reads every index file into memory.
+    /// Reads every index file into memory. Packs a prune marked for deletion are added last
+    /// and flagged, so that a blob also held elsewhere is read from there and a blob held only
+    /// by them is read but never offered to a backup.
     pub fn load_index(&mut self) -> Result<()> {
+        // An index file listed, then gone, was folded by a prune into a newer one: list again.
+        let mut tries = 0;
+        loop {
+            match self.try_load_index() {
+                Err(RepoError::Backend(BackendError::NotFound(_))) if tries < 10 => tries += 1,
+                r => return r,
+            }
+        }
+    }
+
+    fn try_load_index(&mut self) -> Result<()> {
+        let mut names: Vec<String> = self
+            .backend
+            .list(ObjectKind::Index)?
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        names.sort_by_key(|n| (std::cmp::Reverse(name_generation(n)), n.clone()));
+        // Marks are only in prunes' files (usually one, the newest): those are read first, so
+        // the marks are known before any pack is added; the others one at a time.
+        let prunes = names.iter().take_while(|n| name_generation(n) > 0).count();
+        let mut first: Vec<IndexFile> = Vec::new();
+        let mut pending: HashMap<String, PendingPack> = HashMap::new();
+        let mut generation = 0;
+        for name in &names[..prunes] {
+            let file = self.read_index_file(name)?;
+            generation = generation.max(file.generation);
+            for p in &file.pending {
+                let e = pending.entry(p.name.clone()).or_insert_with(|| p.clone());
+                e.marked_ns = e.marked_ns.max(p.marked_ns);
+                e.generation = e.generation.max(p.generation);
+            }
+            first.push(file);
+        }
         let mut index = Index::default();
-        let mut names = self.backend.list(ObjectKind::Index)?;
-        names.sort();
-        for (name, _) in names {
-            index.add_file(&self.read_index_file(&name)?);
+        let mut marked: Vec<PackRecord> = Vec::new();
+        let mut add = |index: &mut Index, file: IndexFile| {
+            for p in file.packs {
+                if pending.contains_key(&p.name) {
+                    marked.push(p);
+                } else {
+                    index.add_pack(&p.name, p.size, &p.contents);
+                }
+            }
+        };
+        for file in first {
+            add(&mut index, file);
+        }
+        for name in &names[prunes..] {
+            let file = self.read_index_file(name)?;
+            add(&mut index, file);
+        }
+        for p in &marked {
+            index.add_pending_pack(&p.name, p.size, &p.contents);
         }
         self.index = index;
+        // The frame cache is keyed by pack numbers, which the new index assigns afresh.
+        self.cache = Mutex::default();
+        self.index_files = names;
+        self.index_gen = generation;
+        self.pending = pending;
         Ok(())
+    }
+
+    /// The index files the index was read from, as listed then.
+    pub fn index_files(&self) -> &[String] {
+        &self.index_files
+    }
+
+    /// The highest generation of those index files (0 before any prune).
+    pub fn index_generation(&self) -> u64 {
+        self.index_gen
+    }
+
+    /// Packs the index files mark for deletion, by name (a pack marked by several: the latest
+    /// mark).
+    pub fn pending_packs(&self) -> &HashMap<String, PendingPack> {
+        &self.pending
     }
 
     /// One index file.
@@ -448,6 +538,7 @@ impl Repository {
                 size: bytes.len() as u64,
                 contents: contents.clone(),
             }],
+            ..IndexFile::default()
         };
         let json = serde_json::to_vec(&file).expect("serializable");
         let sealed = self
@@ -496,11 +587,16 @@ impl Repository {
         Ok(id)
     }
 
-    /// Every snapshot, oldest first, with its id. A damaged one is an error naming it.
+    /// Every snapshot, oldest first, with its id (one forgotten while listed is left out). A
+    /// damaged one is an error naming it.
     pub fn snapshots(&self) -> Result<Vec<(String, Snapshot)>> {
         let mut out = Vec::new();
         for (name, _) in self.backend.list(ObjectKind::Snapshot)? {
-            out.push((name.clone(), self.snapshot(&name)?));
+            match self.snapshot(&name) {
+                Ok(s) => out.push((name.clone(), s)),
+                Err(RepoError::Backend(BackendError::NotFound(_))) => {}
+                Err(e) => return Err(e),
+            }
         }
         out.sort_by(|a, b| a.1.time_ns.cmp(&b.1.time_ns).then(a.0.cmp(&b.0)));
         Ok(out)
@@ -552,7 +648,7 @@ impl Repository {
     }
 }
 
-/// Who holds a lock: a backup running on a host, as a sealed JSON lock object.
+/// Who holds a lock: a backup (or a prune) running on a host, as a sealed JSON lock object.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockInfo {
     /// The host.
@@ -561,6 +657,12 @@ pub struct LockInfo {
     pub pid: u32,
     /// When it was taken or last refreshed, ns since 1970.
     pub time_ns: i64,
+    /// The generation of the index the holder works from (`None`, from older writers: 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index_gen: Option<u64>,
+    /// Held by a prune (prunes exclude each other; backups never wait).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prune: bool,
 }
 
 /// A backup refreshes its lock this often; a lock older than [`LOCK_STALE_NS`] is stale.
@@ -568,10 +670,24 @@ pub const LOCK_REFRESH_NS: i64 = 5 * 60 * 1_000_000_000;
 /// A lock not refreshed for this long belongs to a backup that is gone.
 pub const LOCK_STALE_NS: i64 = 30 * 60 * 1_000_000_000;
 
-fn now_ns() -> i64 {
+/// Now, ns since 1970.
+pub fn now_ns() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i64)
+}
+
+/// The name of an index file a prune writes: its generation, then a random id.
+pub fn generation_name(generation: u64) -> String {
+    format!("g{generation:016}-{}", random_name())
+}
+
+/// The generation in an index file's name (0 for a backup's).
+pub fn name_generation(name: &str) -> u64 {
+    name.strip_prefix('g')
+        .and_then(|r| r.split('-').next())
+        .and_then(|g| g.parse().ok())
+        .unwrap_or(0)
 }
 
 impl LockInfo {
@@ -587,23 +703,65 @@ impl LockInfo {
 }
 
 impl Repository {
-    /// Takes a backup lock (a new lock object) and returns its name: prune waits for it.
-    pub fn lock(&self, host: &str) -> Result<(String, i64)> {
+    /// Takes a backup lock (a new lock object) and returns its name and time. The lock
+    /// records the generation of the index the backup works from: a prune deletes no pack
+    /// marked in a later generation while the lock is live. On a backup's first lock, if a
+    /// prune wrote an index file since the index was read, the index is read again (the lock
+    /// keeps the older generation: it only makes prune more careful).
+    pub fn lock(&mut self, host: &str) -> Result<(String, i64)> {
+        let first = self.held_locks.is_empty();
+        if first {
+            self.lock_gen = self.index_gen;
+        }
         let info = LockInfo {
             host: host.to_string(),
             pid: std::process::id(),
             time_ns: now_ns(),
+            index_gen: Some(self.lock_gen),
+            prune: false,
         };
-        let name = random_name();
-        let sealed = self
-            .key
-            .seal(&serde_json::to_vec(&info).expect("serializable"));
-        self.backend.put_new(ObjectKind::Lock, &name, &sealed)?;
+        let name = self.write_lock(&info)?;
+        self.held_locks.insert(name.clone());
+        for old in std::mem::take(&mut self.retired_locks) {
+            self.backend.delete(ObjectKind::Lock, &old)?;
+        }
+        if first {
+            let newest = self
+                .backend
+                .list(ObjectKind::Index)?
+                .iter()
+                .map(|(n, _)| name_generation(n))
+                .max()
+                .unwrap_or(0);
+            if newest > self.index_gen {
+                self.load_index()?;
+                self.lock_gen = self.index_gen;
+            }
+        }
         Ok((name, info.time_ns))
     }
 
-    /// Releases a lock.
-    pub fn unlock(&self, name: &str) -> Result<()> {
+    /// Stores a lock object; returns its name.
+    pub fn write_lock(&self, info: &LockInfo) -> Result<String> {
+        let name = random_name();
+        let sealed = self
+            .key
+            .seal(&serde_json::to_vec(info).expect("serializable"));
+        self.backend.put_new(ObjectKind::Lock, &name, &sealed)?;
+        Ok(name)
+    }
+
+    /// Releases a lock: at once if it was the last one held, else (a refresh) at the next
+    /// [`Repository::lock`] or with the last.
+    pub fn unlock(&mut self, name: &str) -> Result<()> {
+        self.held_locks.remove(name);
+        if !self.held_locks.is_empty() {
+            self.retired_locks.push(name.to_string());
+            return Ok(());
+        }
+        for old in std::mem::take(&mut self.retired_locks) {
+            self.backend.delete(ObjectKind::Lock, &old)?;
+        }
         Ok(self.backend.delete(ObjectKind::Lock, name)?)
     }
 
