@@ -99,9 +99,10 @@ impl Default for Index {
 }
 
 impl Index {
-    /// Adds what a pack holds (a blob already indexed elsewhere keeps its first place unless
-    /// that is a pack marked for deletion; a pack listed by two index files, as after an
-    /// interrupted prune, is added once).
+    /// Adds what a pack holds (a pack listed by two index files, as after an interrupted
+    /// prune, is added once). A blob already indexed keeps its first place unless this copy
+    /// is whole and that one a delta (a delta's base must resolve to a whole copy), or both
+    /// are alike and that one is in a pack marked for deletion.
     pub fn add_pack(&mut self, name: &str, size: u64, contents: &PackTrailer) {
         self.insert_pack(name, size, contents, false);
     }
@@ -124,12 +125,14 @@ impl Index {
             let Some(frame) = contents.frames.get(b.frame as usize) else {
                 continue;
             };
-            if self
-                .blobs
-                .get(&b.id)
-                .is_some_and(|l| pending || !self.pending[l.pack as usize])
-            {
-                continue;
+            let whole = b.kind.base_kind().is_none();
+            if let Some(l) = self.blobs.get(&b.id) {
+                let was_whole = l.kind.base_kind().is_none();
+                let better = (whole && !was_whole)
+                    || (whole == was_whole && self.pending[l.pack as usize] && !pending);
+                if !better {
+                    continue;
+                }
             }
             self.blobs.insert(
                 b.id,

@@ -159,8 +159,13 @@ pub struct PruneReport {
 
 /// Every blob the snapshots need: their trees, chunks and the bases of their deltas.
 pub fn live_blobs(repo: &Repository) -> Result<HashSet<BlobId>> {
+    live_blobs_of(repo, &repo.snapshots()?)
+}
+
+/// Every blob `snapshots` need (the index must have been read after they were listed).
+fn live_blobs_of(repo: &Repository, snapshots: &[(String, Snapshot)]) -> Result<HashSet<BlobId>> {
     let mut live = HashSet::new();
-    let mut trees: Vec<BlobId> = repo.snapshots()?.into_iter().map(|(_, s)| s.tree).collect();
+    let mut trees: Vec<BlobId> = snapshots.iter().map(|(_, s)| s.tree).collect();
     while let Some(id) = trees.pop() {
         if !live.insert(id) {
             continue;
@@ -286,6 +291,8 @@ fn pass(
             repo.backend().delete(ObjectKind::Lock, &name)?;
         }
     }
+    // The snapshots, then the index: a snapshot is stored after the index files it needs.
+    let snapshots = repo.snapshots()?;
     let listed: HashSet<String> = repo
         .backend()
         .list(ObjectKind::Index)?
@@ -295,15 +302,7 @@ fn pass(
     if listed != repo.index_files().iter().cloned().collect() {
         repo.load_index()?;
     }
-    let live = match live_blobs(repo) {
-        // A snapshot stored since the index was read, by a backup whose last index file
-        // came after it.
-        Err(RepoError::MissingBlob(_)) => {
-            repo.load_index()?;
-            live_blobs(repo)?
-        }
-        r => r?,
-    };
+    let live = live_blobs_of(repo, &snapshots)?;
 
     let mut records: HashMap<String, PackRecord> = HashMap::new();
     for name in repo.index_files().to_vec() {

@@ -254,15 +254,16 @@ fn marked_packs_wait_for_the_grace_period() {
     forget(&repo, &[first.id]).unwrap();
     let hour = PruneOptions::default();
     let r = prune_with(&mut repo, &hour).unwrap();
-    assert!(r.packs_marked == 1 && r.packs_deleted == 0, "{r:?}");
+    let marked = r.packs_marked;
+    assert!(marked >= 1 && r.packs_deleted == 0, "{r:?}");
     let r = prune_with(&mut repo, &hour).unwrap();
-    assert!(r.packs_pending == 1 && r.packs_deleted == 0, "{r:?}");
+    assert!(r.packs_pending == marked && r.packs_deleted == 0, "{r:?}");
     let now = PruneOptions {
         keep_delete: std::time::Duration::ZERO,
         ..PruneOptions::default()
     };
     let r = prune_with(&mut repo, &now).unwrap();
-    assert!(r.packs_deleted == 1 && r.packs_pending == 0, "{r:?}");
+    assert!(r.packs_deleted == marked && r.packs_pending == 0, "{r:?}");
     let c = check(&repo, 1.0).unwrap();
     assert!(c.errors.is_empty() && c.unindexed_packs == 0, "{c:?}");
 }
