@@ -239,10 +239,13 @@ fn a_wrong_password_learns_nothing_and_says_so() {
     assert!(e.to_string().contains("wrong password"), "{e}");
 }
 
-/// Flips one byte of the object of `kind` (the first listed) at `at` (from its end if negative).
+/// Flips one byte of the largest object of `kind` (for packs a data pack, not a pack of
+/// listings) at `at` (from its end if negative).
 fn flip(repo_dir: &Path, kind: ObjectKind, at: i64) -> String {
     let backend = LocalBackend::open(repo_dir).unwrap();
-    let (name, size) = backend.list(kind).unwrap().into_iter().next().unwrap();
+    let mut all = backend.list(kind).unwrap();
+    all.sort();
+    let (name, size) = all.into_iter().max_by_key(|(_, size)| *size).unwrap();
     let dir = match kind {
         ObjectKind::Pack => repo_dir.join("data").join(&name[..2]),
         ObjectKind::Index => repo_dir.join("index"),
