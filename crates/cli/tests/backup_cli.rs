@@ -3,14 +3,15 @@
 //! repository that checks clean, and the next backup reuses what it stored; two backups into
 //! one repository at once both land.
 
-use std::collections::BTreeMap;
 use std::fs;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 mod common;
+
+use common::{noise, tree};
 
 fn dedupwire(repo: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_dedupwire"));
@@ -45,53 +46,6 @@ fn tempdir(tag: &str) -> PathBuf {
     let _ = fs::remove_dir_all(&d);
     fs::create_dir_all(&d).unwrap();
     d
-}
-
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        out.extend_from_slice(&s.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
-/// Path -> (mode, mtime, contents or link target) under `root`.
-fn tree(root: &Path) -> BTreeMap<PathBuf, (u32, i64, Vec<u8>)> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for e in fs::read_dir(&dir).unwrap() {
-            let p = e.unwrap().path();
-            let md = fs::symlink_metadata(&p).unwrap();
-            let mtime = md.mtime() * 1_000_000_000 + md.mtime_nsec();
-            let body = if md.is_dir() {
-                stack.push(p.clone());
-                Vec::new()
-            } else if md.file_type().is_symlink() {
-                fs::read_link(&p)
-                    .unwrap()
-                    .into_os_string()
-                    .into_encoded_bytes()
-            } else {
-                fs::read(&p).unwrap()
-            };
-            let mode = if md.file_type().is_symlink() {
-                0
-            } else {
-                md.mode() & 0o7777
-            };
-            out.insert(
-                p.strip_prefix(root).unwrap().to_path_buf(),
-                (mode, mtime, body),
-            );
-        }
-    }
-    out
 }
 
 fn restored(target: &Path, src: &Path) -> PathBuf {
